@@ -1,0 +1,1 @@
+"""The file-locked composition cache."""

@@ -1,0 +1,1 @@
+"""FX passes: the latent-gather rewrite and the selection binding."""

@@ -1,0 +1,20 @@
+"""tpflare: a torch.compile / Inductor plugin for tensor-parallel MoE inference.
+
+    import tpflare
+    model = torch.compile(model, backend="tpflare")
+
+See README.md for the knobs (``tpflare.config`` / ``TPFLARE_*``).
+"""
+from __future__ import annotations
+
+import logging
+
+from .config import config, knobs_markdown  # noqa: F401
+from .errors import (  # noqa: F401
+    ConfigError, KnobMismatchError, PreparationError, StaleWeightError, TpflareError)
+from . import ops  # noqa: F401  registers torch.ops.tpflare.*
+from .report import clear as clear_report, format_report, records as report  # noqa: F401
+
+logging.getLogger("tpflare").addHandler(logging.NullHandler())
+
+__version__ = "0.1.0"

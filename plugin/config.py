@@ -1,0 +1,243 @@
+"""Every tpflare knob, in one place.
+
+A knob has an environment variable (``TPFLARE_*``), a type, a default and a line
+of documentation.  ``tpflare.config`` is the process-wide object: attributes can
+be set in code (``tpflare.config.latent_gather = True``) or temporarily with
+``tpflare.config.patch(...)``; anything not set in code comes from the
+environment, read when a graph is *prepared* (compiled), never at replay.
+
+``decision=True`` knobs change what tpflare decides (rewrite or not, which
+composition); they are part of every pass's ``uuid()`` and are checked to be
+identical on all ranks before anything is decided (see ``distributed.py``).
+
+``python -m tpflare knobs`` prints the table that README.md carries.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Callable, Iterator
+
+
+class ConfigError(ValueError):
+    """A knob has a value tpflare cannot use."""
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected 0/1 (or true/false)")
+
+
+def _parse_int(name: str, raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+
+
+def _parse_float(name: str, raw: str) -> float:
+    try:
+        return float(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+
+
+def _choice(*options: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        v = raw.strip().lower()
+        if v not in options:
+            raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(options)}")
+        return v
+
+    parse.options = options  # type: ignore[attr-defined]
+    return parse
+
+
+def _parse_str(name: str, raw: str) -> str:
+    return raw
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    field: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    doc: str
+    decision: bool = True
+    minimum: float | None = None
+
+    @property
+    def env(self) -> str:
+        return "TPFLARE_" + self.field.upper()
+
+    def coerce(self, value: Any) -> Any:
+        """Validate a value given in code (same rules as the env var)."""
+        if isinstance(value, str) or value is None:
+            value = self.parse(self.env, "" if value is None else value)
+        elif self.parse is _parse_bool:
+            value = bool(value)
+        elif self.parse is _parse_int:
+            if isinstance(value, bool) or int(value) != value:
+                raise ConfigError(f"{self.field}={value!r}: expected an integer")
+            value = int(value)
+        elif self.parse is _parse_float:
+            value = float(value)
+        else:
+            value = self.parse(self.env, str(value))
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"{self.env}={value!r}: must be >= {self.minimum}")
+        return value
+
+
+KNOBS: tuple[Knob, ...] = (
+    # --- latent gather -------------------------------------------------------
+    Knob("latent_gather", _parse_bool, False,
+         "Rewrite down_reduce sites (K-sliced GEMM + all-reduce) into a full-K GEMM "
+         "with the row shard + column all-gather. Off by default: it changes bits "
+         "(more exact, identical on all ranks, but not equal to the reduce path)."),
+    Knob("latent_gather_align", _parse_int, 64,
+         "Width gate: rewrite only when N % (align * W) == 0 (N = full output width).",
+         minimum=1),
+    Knob("latent_gather_min_rows", _parse_int, 9,
+         "Rows gate: rewrite only graphs whose row count is known to be >= this "
+         "(decode graphs of <= 8 rows keep the all-reduce).", minimum=1),
+    Knob("latent_gather_channel_rows", _parse_int, 0,
+         "Gather in chunks of at most this many rows (bounds each message and its "
+         "staging); 0 = one message.", minimum=0),
+    Knob("latent_gather_reshard", _choice("auto", "never"), "auto",
+         "Row-shard source when none is registered: auto = build it once at "
+         "preparation from every rank's column shard (one all-to-all; memory "
+         "reported); never = skip such sites."),
+    # --- candidate selection ---------------------------------------------------
+    Knob("select", _choice("auto", "replicated", "owner"), "auto",
+         "Selection composition: auto = race at compile time (cached); "
+         "replicated / owner = force one, no race."),
+    Knob("select_id_replication", _choice("auto", "allgather", "bf16"), "auto",
+         "Owner composition's id replication child plan: auto = race both; "
+         "allgather = int32 all-gather; bf16 = exact BF16 byte encoding in an all-reduce."),
+    Knob("select_kernel", _choice("auto", "torch", "triton"), "auto",
+         "Ordered-selection kernel on CUDA: auto = Triton kernel when available, "
+         "else torch; CPU always uses torch."),
+    Knob("race_warmup", _parse_int, 3, "Race: untimed warm-up runs per composition.", minimum=0),
+    Knob("race_iters", _parse_int, 10, "Race: timed runs per composition (median taken).",
+         minimum=1),
+    Knob("race_holdout", _parse_int, 4,
+         "Race: holdout inputs per composition checked for exact ids (never timed).",
+         minimum=1),
+    Knob("race_near_tie", _parse_float, 0.03,
+         "Race: a challenger must beat the default (replicated) by more than this "
+         "fraction to win, so choices stay stable.", minimum=0.0),
+    # --- preparation / cache / reporting (do not change decisions) ------------
+    Knob("prep_timeout", _parse_float, 300.0,
+         "Seconds a preparation-time collective (knob check, race, reshard "
+         "agreement) may wait before every rank fails with a clear error.",
+         decision=False, minimum=1.0),
+    Knob("cache", _parse_bool, True, "Use the composition cache (0 = always race).",
+         decision=False),
+    Knob("cache_dir", _parse_str, "",
+         "Composition cache directory; empty = $XDG_CACHE_HOME/tpflare "
+         "(~/.cache/tpflare).", decision=False),
+    Knob("cache_lock_timeout", _parse_float, 30.0,
+         "Seconds to wait for the cache's file lock before failing with the "
+         "lock file's name.", decision=False, minimum=0.0),
+    Knob("report", _parse_str, "",
+         "Append every rewrite / race decision as a JSON line to this file "
+         "(read it with `python -m tpflare report FILE`).", decision=False),
+)
+
+_BY_FIELD = {k.field: k for k in KNOBS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """An immutable snapshot of every knob, taken at preparation."""
+
+    values: tuple[tuple[str, Any], ...]
+
+    def __getattr__(self, name: str) -> Any:
+        for k, v in object.__getattribute__(self, "values"):
+            if k == name:
+                return v
+        raise AttributeError(name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.values)
+
+    def decision_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.values if _BY_FIELD[k].decision}
+
+    def decision_hash(self) -> str:
+        blob = json.dumps(self.decision_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class Config:
+    """Process-wide knobs: code overrides on top of ``TPFLARE_*`` env vars."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_overrides", {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _BY_FIELD:
+            raise AttributeError(f"tpflare.config has no knob {name!r}; knobs: {sorted(_BY_FIELD)}")
+        return self.resolve().as_dict()[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        knob = _BY_FIELD.get(name)
+        if knob is None:
+            raise AttributeError(f"tpflare.config has no knob {name!r}; knobs: {sorted(_BY_FIELD)}")
+        self._overrides[name] = knob.coerce(value)
+
+    def reset(self, name: str | None = None) -> None:
+        """Forget code overrides (one knob or all): env vars apply again."""
+        if name is None:
+            self._overrides.clear()
+        else:
+            self._overrides.pop(name, None)
+
+    @contextlib.contextmanager
+    def patch(self, **values: Any) -> Iterator["Config"]:
+        saved = dict(self._overrides)
+        try:
+            for k, v in values.items():
+                setattr(self, k, v)
+            yield self
+        finally:
+            self._overrides.clear()
+            self._overrides.update(saved)
+
+    def resolve(self, environ: dict[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        out = []
+        for knob in KNOBS:
+            if knob.field in self._overrides:
+                v = self._overrides[knob.field]
+            elif knob.env in env:
+                v = knob.coerce(env[knob.env])
+            else:
+                v = knob.default
+            out.append((knob.field, v))
+        return Settings(tuple(out))
+
+
+config = Config()
+
+
+def knobs_markdown() -> str:
+    """The knob table for README.md (``python -m tpflare knobs``)."""
+    rows = ["| env var | default | decides | meaning |", "| --- | --- | --- | --- |"]
+    for k in KNOBS:
+        default = k.default
+        if isinstance(default, bool):
+            default = int(default)
+        opts = getattr(k.parse, "options", None)
+        doc = k.doc + (f" ({'/'.join(opts)})" if opts else "")
+        rows.append(f"| `{k.env}` | `{default!s}` | {'yes' if k.decision else 'no'} | {doc} |")
+    return "\n".join(rows)

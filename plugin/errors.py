@@ -1,0 +1,20 @@
+"""Exceptions tpflare raises (all subclass TpflareError)."""
+from __future__ import annotations
+
+from .config import ConfigError  # noqa: F401  (re-exported)
+
+
+class TpflareError(RuntimeError):
+    """Base class of tpflare's runtime errors."""
+
+
+class KnobMismatchError(TpflareError):
+    """Ranks were prepared with different decision knobs."""
+
+
+class PreparationError(TpflareError):
+    """A preparation-time step failed (on this rank or another), or timed out."""
+
+
+class StaleWeightError(TpflareError):
+    """A weight a rewrite depends on was changed in place after compile."""
