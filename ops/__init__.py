@@ -3,5 +3,6 @@
 Importing this package registers every op; nothing else registers ops.
 """
 from . import gather  # noqa: F401  column gather, reshard
+from . import ordering, select  # noqa: F401
 
 __all__ = ["gather"]
