@@ -13,8 +13,13 @@ from .config import config, knobs_markdown  # noqa: F401
 from .errors import (  # noqa: F401
     ConfigError, KnobMismatchError, PreparationError, StaleWeightError, TpflareError)
 from . import ops  # noqa: F401  registers torch.ops.tpflare.*
-from .report import clear as clear_report, format_report, records as report  # noqa: F401
+from .reporting import clear as clear_report, format_report, records as report  # noqa: F401
 
 logging.getLogger("tpflare").addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
+
+from .backend import register as _register_backend, tpflare_backend  # noqa: E402
+from .row_shards import refresh_row_shards, register_row_shard  # noqa: E402,F401
+
+_register_backend()

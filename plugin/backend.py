@@ -1,0 +1,252 @@
+"""The ``tpflare`` torch.compile backend.
+
+    model = torch.compile(model, backend="tpflare")
+
+Per Dynamo graph, on every rank in lockstep:
+
+1. snapshot the knobs and check they are identical on every rank (collective);
+2. on a *copy* of Dynamo's graph: bind each selection site to its composition
+   (``tpflare.passes.select_binding``), and give each down_reduce weight a row
+   shard input (registered, or resharded once) when the latent gather is on;
+3. ``compile_fx`` with ``TpflarePostGradPass`` (uuid = pass sources + knobs + plan);
+4. return a callable that appends the row-shard inputs and checks, on every
+   call, that no weight it depends on changed in place (host-side counters).
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import fx
+
+from . import reporting, row_shards
+from .config import Settings, config
+from .distributed import agree, check_knobs_agree, group_rank, group_ranks, group_size, is_distributed
+
+log = logging.getLogger("tpflare.backend")
+
+_graph_counter = itertools.count()
+
+_ALL_REDUCE = {torch.ops._c10d_functional.all_reduce, torch.ops._c10d_functional.all_reduce.default}
+_SCAN_DEPTH = 6
+
+
+def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of Dynamo's graph we may edit (editing Dynamo's own graph breaks Dynamo)."""
+    new = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    new.meta.update(gm.meta)
+    for src, dst in zip(gm.graph.find_nodes(op="placeholder"), new.graph.find_nodes(op="placeholder")):
+        if hasattr(src, "_dynamo_source"):
+            dst._dynamo_source = src._dynamo_source
+    for attr in ("_param_name_to_source",):
+        if hasattr(gm, attr):
+            setattr(new, attr, getattr(gm, attr))
+    return new
+
+
+def _example(node: fx.Node):
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _input_name(node: fx.Node) -> str:
+    src = getattr(node, "_dynamo_source", None)
+    return src.name if src is not None and hasattr(src, "name") else node.name
+
+
+def _weight_candidates(gm: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings):
+    """Dynamo-level scan: which 2-D inputs feed a reduced GEMM, with the gates pre-applied.
+
+    Returns ``[(input index, name, group name, N, reason or None)]`` (sorted,
+    deduplicated).  The post-grad pass does the exact match; this only decides
+    which row shards to provide.
+    """
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    index = {n: i for i, n in enumerate(placeholders)}
+    out: dict[int, tuple] = {}
+    for ar in gm.graph.nodes:
+        if ar.op != "call_function" or ar.target not in _ALL_REDUCE or len(ar.args) < 3:
+            continue
+        reduced = _example(ar.args[0]) if isinstance(ar.args[0], fx.Node) else None
+        if reduced is None or reduced.dim() < 1:
+            continue
+        group_name = str(ar.args[2])
+        try:
+            world = group_size(group_name)
+        except Exception:
+            continue
+        n = reduced.shape[-1]
+        rows = reduced.numel() // n if n else 0
+        frontier, seen = [ar.args[0]], set()
+        for _ in range(_SCAN_DEPTH):
+            nxt = []
+            for node in frontier:
+                if not isinstance(node, fx.Node) or node in seen:
+                    continue
+                seen.add(node)
+                if node.op == "placeholder":
+                    t = example_inputs[index[node]]
+                    if (isinstance(t, torch.Tensor) and t.dim() == 2 and t.is_floating_point()
+                            and t.shape[0] == n):
+                        reason = None
+                        if world == 1:
+                            reason = "group of size 1"
+                        elif n % (settings.latent_gather_align * world):
+                            reason = f"width: N={n} % (align {settings.latent_gather_align} * W {world}) != 0"
+                        elif not statically_known_true(rows >= settings.latent_gather_min_rows):
+                            reason = f"rows: {rows} not known to be >= {settings.latent_gather_min_rows}"
+                        prev = out.get(index[node])
+                        if prev is None or (prev[4] is not None and reason is None):
+                            out[index[node]] = (index[node], _input_name(node), group_name, int(n), reason)
+                    continue
+                nxt.extend(a for a in node.all_input_nodes)
+            frontier = nxt
+    return [out[k] for k in sorted(out)]
+
+
+def _add_input(gm: fx.GraphModule, name: str, value: torch.Tensor) -> int:
+    """Append a graph input (a live tensor, never a baked constant); return its index."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    with gm.graph.inserting_after(placeholders[-1]):
+        node = gm.graph.placeholder(name)
+    node._dynamo_source = None  # AOTAutograd wants the attribute on every placeholder
+    node.meta["tensor_dict"] = {"_dynamo_static_input_type": "unguarded"}  # cudagraphs: static address
+    try:
+        from torch._guards import detect_fake_mode
+
+        fake_mode = detect_fake_mode([_example(p) for p in placeholders if _example(p) is not None])
+        if fake_mode is not None:
+            node.meta["example_value"] = fake_mode.from_tensor(value, static_shapes=True)
+    except Exception:  # meta is a nicety for the pass; AOT fakeifies the real input itself
+        pass
+    return len(placeholders)
+
+
+def _prepare_latent_gather(gm: fx.GraphModule, example_inputs: list, settings: Settings, graph_id: str):
+    from tpflare.passes.latent_gather import LatentGatherPlan, RowSource
+
+    groups: dict[str, tuple[int, int]] = {}
+    rows_for_input: dict[int, RowSource] = {}
+    extra: list[torch.Tensor] = []
+    guarded: list[torch.Tensor] = []
+    candidates = _weight_candidates(gm, example_inputs, settings) if settings.latent_gather else []
+    for _idx, _name, g, _n, _r in candidates:
+        groups.setdefault(g, (group_rank(g), group_size(g)))
+    if candidates and is_distributed():
+        # every rank must provide (and reshard) the same row shards in the same order
+        mine = [(i, name, g, n, r, tuple(example_inputs[i].shape), row_shards.lookup(example_inputs[i]) is not None)
+                for i, name, g, n, r in candidates]
+        everyone = agree("latent gather row shards", mine, timeout_s=settings.prep_timeout)
+        if any([c[:6] for c in other] != [c[:6] for c in mine] for other in everyone):
+            from .errors import PreparationError
+
+            raise PreparationError("tpflare latent gather: ranks compiled different down_reduce sites "
+                                   f"(this rank: {mine}); every rank must compile the same model")
+        registered_everywhere = [all(o[k][6] for o in everyone) for k in range(len(mine))]
+    else:
+        registered_everywhere = [row_shards.lookup(example_inputs[c[0]]) is not None for c in candidates]
+    for (idx, name, g, n, reason), reg_all in zip(candidates, registered_everywhere):
+        if reason is not None:
+            rows_for_input[idx] = RowSource(None, reason)
+            continue
+        col = example_inputs[idx]
+        world = groups[g][1]
+        entry = row_shards.lookup(col)
+        if entry is not None and entry.origin == "registered" and reg_all:
+            rows, origin, added = entry.rows, "registered", 0
+            if tuple(rows.shape) != (n // world, col.shape[1] * world):
+                raise ValueError(f"{entry.name} for {name}: shape {tuple(rows.shape)}, expected "
+                                 f"{(n // world, col.shape[1] * world)}")
+        elif settings.latent_gather_reshard == "auto":
+            rows, added = row_shards.resharded(col, name, world, g)
+            origin = "resharded"
+        else:
+            rows_for_input[idx] = RowSource(None, "not registered and TPFLARE_LATENT_GATHER_RESHARD=never")
+            continue
+        row_idx = _add_input(gm, f"tpflare_rows_{idx}", rows)
+        extra.append(rows)
+        guarded.append(col)
+        rows_for_input[idx] = RowSource(row_idx, "", origin, added)
+    plan = LatentGatherPlan(
+        enabled=settings.latent_gather, align=settings.latent_gather_align,
+        min_rows=settings.latent_gather_min_rows, channel_rows=settings.latent_gather_channel_rows,
+        rank_in_group={g: v[0] for g, v in groups.items()},
+        world_of_group={g: v[1] for g, v in groups.items()},
+        rows_for_input=rows_for_input, graph_id=graph_id)
+    if extra:
+        gm.recompile()
+    return plan, extra, guarded
+
+
+def _all_groups_of(gm: fx.GraphModule) -> dict[str, tuple[int, int]]:
+    groups = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _ALL_REDUCE and len(node.args) >= 3:
+            g = str(node.args[2])
+            try:
+                groups[g] = (group_rank(g), group_size(g))
+            except Exception:
+                pass
+    return groups
+
+
+def _bind_selection(gm: fx.GraphModule, example_inputs: list, settings: Settings, graph_id: str) -> bool:
+    """Bind every ``tpflare.select`` site to a composition; True when the graph changed."""
+    try:
+        from tpflare.passes import select_binding
+    except ImportError:
+        return False
+    return bool(select_binding.bind_select_sites(gm, example_inputs, settings, graph_id=graph_id))
+
+
+def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any):
+    """torch.compile backend: tpflare's graph preparation, then Inductor."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from tpflare.passes.manager import TpflarePostGradPass
+
+    settings = config.resolve()
+    if is_distributed() and dist.get_world_size() > 1:
+        check_knobs_agree(settings, timeout_s=settings.prep_timeout)
+    graph_id = f"g{next(_graph_counter)}"
+    work = _copy_graph_module(gm)
+    inputs = list(example_inputs)
+    _bind_selection(work, inputs, settings, graph_id)
+    plan, extra, guarded = _prepare_latent_gather(work, inputs, settings, graph_id)
+    if not plan.world_of_group:  # report-only plan for sites the scan did not provision
+        groups = _all_groups_of(work)
+        plan = type(plan)(**{**plan.__dict__, "rank_in_group": {g: v[0] for g, v in groups.items()},
+                             "world_of_group": {g: v[1] for g, v in groups.items()}})
+    import torch._inductor.config as inductor_config
+
+    post_pass = TpflarePostGradPass(plan, settings.decision_hash(),
+                                    chained=inductor_config.post_grad_custom_post_pass)
+    compiled = compile_fx(work, inputs + extra,
+                          config_patches={"post_grad_custom_post_pass": post_pass}, **kwargs)
+    if not extra:
+        return compiled
+    return _with_extra_inputs(compiled, extra, guarded)
+
+
+def _with_extra_inputs(compiled, extra: list[torch.Tensor], guarded: list[torch.Tensor]):
+    def run(*args):
+        row_shards.check_fresh(guarded)
+        return compiled(*args, *extra)
+
+    return run
+
+
+def register() -> None:
+    """Register the backend name with Dynamo (idempotent; also an entry point)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "tpflare" not in _BACKENDS or _BACKENDS.get("tpflare") is None:
+        register_backend(name="tpflare")(tpflare_backend)
+
+
+__all__ = ["tpflare_backend", "register"]
