@@ -24,7 +24,7 @@ def _cmd_knobs(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tpflare.report import format_report
+    from tpflare.reporting import format_report
 
     try:
         with open(args.file, encoding="utf-8") as f:
