@@ -140,6 +140,14 @@ def find_down_reduces(graph: fx.Graph, plan: LatentGatherPlan) -> list[DownReduc
         if ar.args[1] != "sum":
             m.skip = f"all_reduce op is {ar.args[1]!r}, not sum"
             continue
+        world = plan.world_of_group.get(m.group_name)
+        rank = plan.rank_in_group.get(m.group_name)
+        if world is None or rank is None:
+            m.skip = f"group {m.group_name!r} unknown to this preparation"
+            continue
+        if world == 1:
+            m.skip = "group of size 1: nothing to reduce"
+            continue
         chain: list[fx.Node] = []
         gemm = _walk_back(ar.args[0], _OUT_CHAIN, chain)
         if _is_target(gemm, _BIASED_GEMMS):
@@ -179,11 +187,6 @@ def find_down_reduces(graph: fx.Graph, plan: LatentGatherPlan) -> list[DownReduc
         start = sl.args[2] if len(sl.args) > 2 else 0
         end = sl.args[3] if len(sl.args) > 3 else None
         step = sl.args[4] if len(sl.args) > 4 else 1
-        world = plan.world_of_group.get(m.group_name)
-        rank = plan.rank_in_group.get(m.group_name)
-        if world is None or rank is None:
-            m.skip = f"group {m.group_name!r} unknown to this preparation"
-            continue
         k_full = xv.shape[-1]
         if (dim not in (-1, xv.dim() - 1) or step != 1 or k_full != m.k_shard * world
                 or start != rank * m.k_shard or end not in (start + m.k_shard, None if start + m.k_shard == k_full else start + m.k_shard)):
@@ -208,8 +211,6 @@ def _gate(m: DownReduceMatch, plan: LatentGatherPlan, graph: fx.Graph) -> str | 
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     world = plan.world_of_group[m.group_name]
-    if world == 1:
-        return "group of size 1: nothing to reduce"
     if not plan.enabled:
         return "knob off (TPFLARE_LATENT_GATHER=0)"
     if m.n % (plan.align * world):
