@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -70,6 +71,16 @@ def make_key(fields: dict) -> str:
     if not isinstance(fields, dict):
         raise TypeError(f"cache key fields must be a dict, not {type(fields).__name__}")
     return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
+
+
+def new_entry(fields: dict, winner: str, timings: dict, validation: dict | None = None,
+              **extra: Any) -> dict:
+    """The entry ``put`` takes: the key fields, the winner, per-composition timings
+    (ms; None for one that failed validation), validation counts per composition
+    (e.g. ``{"passed": 4, "failed": 0}``) and any extra plain data (``measured``
+    entries such as ``devices`` are merged with the when/where that put records)."""
+    return {"fields": fields, "winner": winner, "timings": dict(timings),
+            "validation": dict(validation or {}), **extra}
 
 
 def default_directory() -> Path:
@@ -133,27 +144,13 @@ def _where() -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
+    dist = sys.modules.get("torch.distributed")  # no torch import: none means no process group
     try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
+        if dist is not None and dist.is_available() and dist.is_initialized():
             where["rank"] = dist.get_rank()
     except Exception:
         pass
     return where
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class CompositionCache:
@@ -273,7 +270,8 @@ class CompositionCache:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        _fsync_dir(path.parent)
+        # The directory is not fsynced: after a power cut the rename may be lost,
+        # which is a cache miss (a new race), never a partial entry.
 
     def put(self, key: str, entry: dict) -> bool:
         """Store ``entry`` under ``key``; True if written, False if the cache is
