@@ -1,0 +1,311 @@
+"""Exact ordered top-k selection of (score, id) candidates on CUDA, in Triton.
+
+``triton_ordered_select(scores, ids, k)`` returns the first ``k`` candidates of
+each row under DESIGN.md's **Order** rule, bit for bit:
+
+1. valid (``id >= 0``) before invalid;
+2. score descending under a total order: the IEEE-754 bit order (so ``+0.0``
+   ranks before ``-0.0``) with every NaN (any sign, any payload) below ``-inf``;
+3. then lower id first.
+
+Output: ``(ids int32 [Q, k], scores fp32 [Q, k])``. Score bits of the selected
+candidates are copied, never recomputed (NaN payloads survive). When a row has
+fewer than ``k`` valid candidates the tail is padded with id ``-1`` and score
+``-inf`` (the ids are the contract; the pad score is ``-inf`` by choice).
+Invalid candidates are never returned as such: every output slot past the valid
+ones is a pad, whatever score the invalid candidate carried.
+
+Design (one program per row, no host synchronisation, CUDA-graph capturable):
+
+* Score key ``s``: an int32 whose signed order is the total order above
+  (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
+  ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). The whole row's ``s`` stays
+  in registers.
+* Phase 1, radix select on ``s``: four passes of 8-bit digits, each a
+  ``tl.histogram`` over the register-resident keys of the candidates that still
+  match the prefix, find ``T``, the score key of the ``min(k, n_valid)``-th
+  candidate, and how many candidates with ``s == T`` are still needed.
+* Phase 2, only when the cutoff score is tied by more candidates than are
+  needed: the same four-pass radix select on ``0x7fffffff - id`` over the tied
+  candidates (chunks re-read from memory; a rare path) finds the id cutoff ``V``.
+  Candidates equal in both score key and id (duplicates) are taken in position
+  order, so the count is exact.
+* Compaction: chunks of the row are re-read; winners get consecutive slots by a
+  prefix sum and are written as a packed 63-bit key
+  ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)`` plus the raw score bits into a
+  ``[Q, next_pow2(k)]`` workspace.
+* Sort: the ``next_pow2(k)`` slots (empty ones hold key ``-1``) are sorted
+  descending by a bitonic network that carries the score bits as payload; ids are
+  decoded from the key.
+
+Workspaces are ``torch.empty`` of sizes fixed by ``(Q, k)``. Limits:
+``N <= 32768`` candidates a row and ``k <= 2048`` (``supports(n, k)``).
+
+This module imports without Triton or CUDA; ``available()`` says whether the
+kernel can run here.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["available", "supports", "triton_ordered_select", "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
+
+MAX_CANDIDATES = 32768
+MAX_K = 2048
+PAD_SCORE = float("-inf")
+
+try:  # Triton is optional: the module must import on CPU-only machines.
+    import triton
+    import triton.language as tl
+
+    _HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+    _HAVE_TRITON = False
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available() -> bool:
+    """True when Triton imports and a CUDA device is present."""
+    if not _HAVE_TRITON:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # pragma: no cover
+        return False
+
+
+def supports(n: int, k: int) -> bool:
+    """True when a row of ``n`` candidates and ``k`` outputs is within the kernel's limits."""
+    return 0 <= n <= MAX_CANDIDATES and 1 <= k <= MAX_K
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _default_num_warps(block: int) -> int:
+    if block <= 4096:
+        return 4
+    if block <= 16384:
+        return 8
+    return 16
+
+
+if _HAVE_TRITON:
+
+    @triton.jit
+    def _score_key(bits, ids):
+        # int32 whose signed order is the selection order of the score:
+        # IEEE bit order (+0 above -0), NaN = INT_MIN + 1 (below -inf), invalid = INT_MIN.
+        s = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        s = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, -2147483647, s)
+        s = tl.where(ids >= 0, s, -2147483648)
+        return s
+
+    @triton.jit
+    def _pick_digit(h, rem, NB: tl.constexpr):
+        # h: histogram of one digit over the candidates still in play; rem: how many of
+        # them are wanted (largest digits first). Returns the digit d holding the rem-th
+        # largest, how many are above d, and how many have digit d.
+        tot = tl.sum(h, 0)
+        suf = tot - tl.cumsum(h, 0) + h  # candidates with digit >= d
+        d = tl.sum((suf >= rem).to(tl.int32), 0) - 1
+        sel = tl.arange(0, NB) == d
+        above = tl.sum(tl.where(sel, suf - h, 0), 0)
+        cnt = tl.sum(tl.where(sel, h, 0), 0)
+        return d, above, cnt
+
+    @triton.jit
+    def _indicator(n_dims: tl.constexpr, j: tl.constexpr):
+        ar = tl.arange(0, 2)
+        ar = tl.reshape(ar, [1] * (n_dims - j - 1) + [2] + [1] * j)
+        return ar
+
+    @triton.jit
+    def _xor2(a, b, c, d):
+        return a ^ c, b ^ d
+
+    @triton.jit
+    def _cas_pairs(x, p, flip, i: tl.constexpr, n_dims: tl.constexpr):
+        # compare-and-swap along the i-th innermost hypercube axis; the payload p follows x.
+        sx, sp = tl.reduce((x, p), n_dims - 1 - i, _xor2, keep_dims=True)
+        y = x ^ sx  # partner's key
+        q = p ^ sp  # partner's payload
+        is_right = _indicator(n_dims, i)
+        left_gt = tl.where(is_right == 1, y > x, x > y)  # same decision on both sides of a pair
+        swap = left_gt.to(tl.int32) != flip
+        return tl.where(swap, y, x), tl.where(swap, q, p)
+
+    @triton.jit
+    def _merge_pairs(x, p, stage: tl.constexpr, order: tl.constexpr, n_dims: tl.constexpr):
+        if order == 2:
+            flip = _indicator(n_dims, stage)
+        else:
+            flip = order
+        for i in tl.static_range(stage):
+            x, p = _cas_pairs(x, p, flip, stage - 1 - i, n_dims)
+        return x, p
+
+    @triton.jit
+    def _sort_pairs_desc(x, p, LOG_N: tl.constexpr):
+        h = tl.reshape(x, [2] * LOG_N)
+        hp = tl.reshape(p, [2] * LOG_N)
+        for i in tl.static_range(1, LOG_N + 1):
+            h, hp = _merge_pairs(h, hp, i, 2 if i < LOG_N else 1, LOG_N)
+        return tl.reshape(h, x.shape), tl.reshape(hp, p.shape)
+
+    @triton.jit
+    def _ordered_select_kernel(
+        sc_ptr, id_ptr, oid_ptr, osc_ptr, wk_ptr, wv_ptr,
+        N, K, s_sq, s_iq, s_oi, s_os,
+        BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, LOG_KB: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        sc_row = sc_ptr + row * s_sq
+        id_row = id_ptr + row * s_iq
+        wk_row = wk_ptr + row * KB
+        wv_row = wv_ptr + row * KB
+
+        # ---- the row's score keys, in registers --------------------------------
+        offs = tl.arange(0, BLOCK)
+        inb = offs < N
+        bits = tl.load(sc_row + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
+        idv = tl.load(id_row + offs, mask=inb, other=-1)
+        s = _score_key(bits, idv)
+        valid = s != -2147483648
+        nvalid = tl.sum(valid.to(tl.int32), 0)
+        nsel = tl.minimum(nvalid, K)
+
+        # ---- phase 1: radix select of the nsel-th largest score key -------------
+        rem = nsel
+        t = nsel * 0
+        cnt = nsel * 0
+        for p in tl.static_range(4):
+            d = (s >> (24 - 8 * p)) & 255
+            if p == 0:
+                d = d ^ 128  # the top byte of a signed key, as an unsigned digit
+                m = valid
+            else:
+                m = valid & (((s >> (32 - 8 * p)) & ((1 << (8 * p)) - 1)) == t)
+            h = tl.histogram(d, 256, mask=m)
+            dd, above, cnt = _pick_digit(h, rem, 256)
+            rem = rem - above
+            if p == 0:
+                t = dd ^ 128
+            else:
+                t = (t << 8) | dd
+        T = t  # score key of the cutoff; rem of the cnt candidates with s == T are needed
+
+        # ---- phase 2 (ties at the cutoff score): radix select on the ids ---------
+        V = nsel * 0 - 1  # id key cutoff: -1 takes every tied candidate
+        rem2 = nsel * 0
+        if rem < cnt:
+            vt = nsel * 0
+            r2 = rem
+            for p in tl.static_range(4):
+                h2 = tl.zeros([256], dtype=tl.int32)
+                for c0 in range(0, N, CHUNK):
+                    o = c0 + tl.arange(0, CHUNK)
+                    mc = o < N
+                    b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
+                    i = tl.load(id_row + o, mask=mc, other=-1)
+                    tie = _score_key(b, i) == T
+                    v = 2147483647 - tl.maximum(i, 0)
+                    if p > 0:
+                        tie = tie & (((v >> (32 - 8 * p)) & ((1 << (8 * p)) - 1)) == vt)
+                    h2 += tl.histogram((v >> (24 - 8 * p)) & 255, 256, mask=tie)
+                dd2, above2, cnt2 = _pick_digit(h2, r2, 256)
+                r2 = r2 - above2
+                vt = (vt << 8) | dd2
+            V = vt
+            rem2 = r2  # candidates with s == T and id key == V still needed (position order)
+
+        # ---- compaction: winners to consecutive workspace slots ------------------
+        base = nsel * 0
+        tbase = nsel * 0
+        for c0 in range(0, N, CHUNK):
+            o = c0 + tl.arange(0, CHUNK)
+            mc = o < N
+            b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
+            i = tl.load(id_row + o, mask=mc, other=-1)
+            sk = _score_key(b, i)
+            v = 2147483647 - tl.maximum(i, 0)
+            ok = sk != -2147483648
+            tie = ok & (sk == T)
+            dup = tie & (v == V)
+            drank = tbase + tl.cumsum(dup.to(tl.int32), 0)
+            take = (ok & (sk > T)) | (tie & (v > V)) | (dup & (drank <= rem2))
+            tbase += tl.sum(dup.to(tl.int32), 0)
+            slot = base + tl.cumsum(take.to(tl.int32), 0) - 1
+            base += tl.sum(take.to(tl.int32), 0)
+            key = ((sk ^ -2147483648).to(tl.int64) & 0xFFFFFFFF) << 31 | v.to(tl.int64)
+            wmask = take & (slot < KB)
+            tl.store(wk_row + slot, key, mask=wmask)
+            tl.store(wv_row + slot, b, mask=wmask)
+
+        tl.debug_barrier()  # the workspace writes above are read by other threads below
+
+        # ---- sort the winners (descending packed key), decode, write ------------
+        j = tl.arange(0, KB)
+        live = j < nsel
+        key = tl.load(wk_row + j, mask=live, other=-1, cache_modifier=".cg")
+        val = tl.load(wv_row + j, mask=live, other=-8388608, cache_modifier=".cg")
+        key, val = _sort_pairs_desc(key, val, LOG_KB)
+        ok = key >= 0
+        out_id = tl.where(ok, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32)
+        out_sc = tl.where(ok, val, -8388608).to(tl.float32, bitcast=True)  # pad: -inf
+        jm = j < K
+        tl.store(oid_ptr + row * s_oi + j, out_id, mask=jm)
+        tl.store(osc_ptr + row * s_os + j, out_sc, mask=jm)
+
+
+def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
+                          num_warps: int | None = None, chunk: int | None = None):
+    """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
+
+    ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
+    device. No host synchronisation; safe to capture in a CUDA graph (after a first,
+    compiling call outside capture). ``num_warps``/``chunk`` are tuning knobs for benchmarks.
+    """
+    if not _HAVE_TRITON:
+        raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
+    if scores.dim() != 2 or ids.shape != scores.shape:
+        raise ValueError(f"scores and ids must be [Q, N] of one shape, got {tuple(scores.shape)} and {tuple(ids.shape)}")
+    if scores.dtype != torch.float32 or ids.dtype != torch.int32:
+        raise ValueError(f"need fp32 scores and int32 ids, got {scores.dtype} and {ids.dtype}")
+    if scores.device != ids.device:
+        raise ValueError("scores and ids must be on one device")
+    if scores.device.type != "cuda" and not _interpret():
+        raise ValueError("triton_ordered_select needs CUDA tensors")
+    k = int(k)
+    q, n = scores.shape
+    if not supports(n, k):
+        raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
+    out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
+    out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
+    if q == 0:
+        return out_ids, out_sc
+    if scores.stride(1) != 1:
+        scores = scores.contiguous()
+    if ids.stride(1) != 1:
+        ids = ids.contiguous()
+    block = max(16, _next_pow2(n))
+    kb = max(2, _next_pow2(k))
+    chunk = min(block, int(chunk) if chunk else 4096)
+    nw = int(num_warps) if num_warps else _default_num_warps(block)
+    wk = torch.empty((q, kb), dtype=torch.int64, device=scores.device)
+    wv = torch.empty((q, kb), dtype=torch.int32, device=scores.device)
+    _ordered_select_kernel[(q,)](
+        scores, ids, out_ids, out_sc, wk, wv,
+        n, k, scores.stride(0), ids.stride(0), out_ids.stride(0), out_sc.stride(0),
+        BLOCK=block, CHUNK=chunk, KB=kb, LOG_KB=kb.bit_length() - 1,
+        num_warps=nw,
+    )
+    return out_ids, out_sc

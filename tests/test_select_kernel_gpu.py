@@ -1,0 +1,250 @@
+"""GPU tests of ops/select_kernel.py against two independent references.
+
+* ``ref_packed``: a packed int64 key (valid | total-order score bits | inverted id)
+  and ``torch.topk`` on the CPU, scores gathered by the returned positions.
+* ``ref_python``: a plain Python sort with the rule spelled out on Python floats
+  (small cases only).
+
+Exactness is bitwise: ids equal and score bits equal (``view(torch.int32)``).
+Run on a CUDA machine: ``pytest -m gpu tests/test_select_kernel_gpu.py``; it also
+runs as a script (``python tests/test_select_kernel_gpu.py``). Under
+``TRITON_INTERPRET=1`` (CPU, Triton installed) the small cases run on the CPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+import struct
+import sys
+
+import pytest
+import torch
+
+from tpflare.ops import select_kernel as sk
+
+pytestmark = pytest.mark.gpu
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _device():
+    if INTERPRET:
+        return "cpu"
+    return "cuda"
+
+
+def _require_kernel():
+    if INTERPRET and sk._HAVE_TRITON:
+        return
+    if not sk._HAVE_TRITON:
+        pytest.skip("triton is not importable here")
+    if not sk.available():
+        pytest.skip("no CUDA device")
+
+
+# --------------------------------------------------------------------------- references
+def _score_order_key(scores: torch.Tensor) -> torch.Tensor:
+    """int64 in [0, 2^32): larger = earlier; IEEE bit order with all NaN at 0 (below -inf)."""
+    b = scores.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    neg = (b & 0x80000000) != 0
+    u = torch.where(neg, b ^ 0xFFFFFFFF, b | 0x80000000)
+    return torch.where(torch.isnan(scores), torch.zeros_like(u), u)
+
+
+def ref_packed(scores: torch.Tensor, ids: torch.Tensor, k: int):
+    scores = scores.cpu()
+    ids = ids.cpu()
+    q, n = scores.shape
+    valid = ids >= 0
+    key = (_score_order_key(scores) << 31) | (0x7FFFFFFF - ids.to(torch.int64).clamp(min=0))
+    key = torch.where(valid, key, torch.full_like(key, -1))
+    kk = min(k, n)
+    out_ids = torch.full((q, k), -1, dtype=torch.int32)
+    out_sc = torch.full((q, k), float("-inf"), dtype=torch.float32)
+    if kk > 0:
+        top, pos = torch.topk(key, kk, dim=1, largest=True, sorted=True)
+        ok = top >= 0
+        out_ids[:, :kk] = torch.where(ok, torch.gather(ids, 1, pos), torch.full_like(pos, -1, dtype=torch.int32))
+        g = torch.gather(scores.view(torch.int32), 1, pos)
+        out_sc[:, :kk] = torch.where(ok, g, torch.full_like(g, -8388608)).view(torch.float32)
+    return out_ids, out_sc
+
+
+def _py_rank(score: float, bits: int, ident: int):
+    if ident < 0:
+        return (1, 0, 0.0, 0, 0)
+    if math.isnan(score):
+        return (0, 1, 0.0, 0, ident)
+    # +0.0 before -0.0 (IEEE bit order); otherwise plain descending value
+    return (0, 0, -score, 1 if (score == 0.0 and bits >> 31) else 0, ident)
+
+
+def ref_python(scores: torch.Tensor, ids: torch.Tensor, k: int):
+    scores = scores.cpu()
+    ids = ids.cpu()
+    q, n = scores.shape
+    bits = scores.view(torch.int32)
+    out_ids = torch.full((q, k), -1, dtype=torch.int32)
+    out_sc = torch.full((q, k), float("-inf"), dtype=torch.float32)
+    ob = out_sc.view(torch.int32)
+    for r in range(q):
+        sl, bl, il = scores[r].tolist(), bits[r].tolist(), ids[r].tolist()
+        order = sorted(range(n), key=lambda j: _py_rank(sl[j], bl[j] & 0xFFFFFFFF, il[j]))
+        for slot, j in enumerate(order[:k]):
+            if il[j] < 0:
+                break
+            out_ids[r, slot] = il[j]
+            ob[r, slot] = bl[j]
+    return out_ids, out_sc
+
+
+# --------------------------------------------------------------------------- inputs
+def _nan(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def make_case(kind: str, q: int, n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    # distinct global ids per row (a KV range several times n), random order
+    span = max(4 * n, 16)
+    ids = torch.stack([torch.randperm(span, generator=g)[:n] for _ in range(q)]).to(torch.int32)
+    scores = torch.randn(q, n, generator=g)
+    if kind == "random":
+        pass
+    elif kind == "ties":
+        # few distinct values: the cutoff falls inside a large tie group
+        scores = torch.randint(0, 5, (q, n), generator=g).float() * 0.25
+    elif kind == "equal":
+        scores = torch.full((q, n), 1.5)
+    elif kind == "special":
+        specials = torch.tensor([float("inf"), float("-inf"), 0.0, -0.0, _nan(0x7FC00000),
+                                 _nan(0xFFC00001), _nan(0x7F800001), _nan(0xFFFFFFFF), 1.0, -1.0])
+        pick = torch.randint(0, len(specials), (q, n), generator=g)
+        mix = torch.rand(q, n, generator=g) < 0.7
+        scores = torch.where(mix, specials[pick], scores)
+    elif kind == "padding":
+        # a ragged number of valid candidates a row, some rows below k, one row empty
+        nvalid = torch.randint(0, n + 1, (q,), generator=g)
+        nvalid[0] = min(n, max(0, k // 3))
+        if q > 2:
+            nvalid[1] = 0
+        pad = torch.rand(q, n, generator=g).argsort(dim=1) >= nvalid[:, None]
+        ids = torch.where(pad, torch.full_like(ids, -1), ids)
+        scores = torch.where(torch.rand(q, n, generator=g) < 0.5, scores, torch.full_like(scores, float("-inf")))
+    elif kind == "dups":
+        # duplicate (id, score) pairs straddling the cutoff, plus ties
+        scores = torch.randint(0, 3, (q, n), generator=g).float()
+        half = n // 2
+        ids[:, half:] = ids[:, : n - half]
+        scores[:, half:] = scores[:, : n - half]
+    else:
+        raise ValueError(kind)
+    return scores.contiguous(), ids.contiguous()
+
+
+def check_equal(got, ref, what=""):
+    gi, gs = got[0].cpu(), got[1].cpu()
+    ri, rs = ref
+    assert gi.shape == ri.shape and gs.shape == rs.shape, what
+    bad = (gi != ri).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} id mismatches, first at {bad[0].tolist()}: got {gi[tuple(bad[0])]} want {ri[tuple(bad[0])]}"
+    sb = (gs.view(torch.int32) != rs.view(torch.int32)).nonzero()
+    assert sb.numel() == 0, f"{what}: {sb.shape[0]} score-bit mismatches, first at {sb[0].tolist()}"
+
+
+def run_kernel(scores, ids, k):
+    dev = _device()
+    return sk.triton_ordered_select(scores.to(dev), ids.to(dev), k)
+
+
+# --------------------------------------------------------------------------- tests
+KINDS = ["random", "ties", "equal", "special", "padding", "dups"]
+
+
+def test_references_agree():
+    for kind in KINDS:
+        for n, k in [(37, 5), (64, 64), (50, 80), (300, 1)]:
+            scores, ids = make_case(kind, 3, n, k, seed=hash((kind, n, k)) % 1000)
+            check_equal(ref_packed(scores, ids, k), ref_python(scores, ids, k), f"refs {kind} n={n} k={k}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,k", [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)])
+def test_small_against_python(kind, n, k):
+    _require_kernel()
+    scores, ids = make_case(kind, 2, n, k, seed=7)
+    check_equal(run_kernel(scores, ids, k), ref_python(scores, ids, k), f"{kind} n={n} k={k}")
+
+
+ROWS = [1, 7, 64, 1024]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k", [1, 64, 2048])
+@pytest.mark.parametrize("n", [2048, 8 * 2048, 16 * 2048])
+def test_against_packed_topk(kind, k, n):
+    _require_kernel()
+    rows = ROWS if not INTERPRET else [1, 2]
+    for q in rows:
+        scores, ids = make_case(kind, q, n, k, seed=q * 31 + n + k)
+        check_equal(run_kernel(scores, ids, k), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
+
+
+def test_strided_rows_and_no_host_sync():
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("sync debug mode needs CUDA")
+    scores, ids = make_case("ties", 9, 3 * 2048, 2048, seed=3)
+    big_s = torch.zeros(9, 4 * 2048).cuda()
+    big_i = torch.zeros(9, 4 * 2048, dtype=torch.int32).cuda()
+    big_s[:, : 3 * 2048] = scores.cuda()
+    big_i[:, : 3 * 2048] = ids.cuda()
+    s_view, i_view = big_s[:, : 3 * 2048], big_i[:, : 3 * 2048]
+    sk.triton_ordered_select(s_view, i_view, 2048)  # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = sk.triton_ordered_select(s_view, i_view, 2048)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    check_equal(got, ref_packed(scores, ids, 2048), "strided")
+
+
+def test_cuda_graph_capture_and_replay():
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("CUDA graphs need CUDA")
+    q, n, k = 64, 8 * 2048, 2048
+    scores, ids = make_case("random", q, n, k, seed=11)
+    st_s, st_i = scores.cuda(), ids.cuda()
+    sk.triton_ordered_select(st_s, st_i, k)  # warm-up: compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sk.triton_ordered_select(st_s, st_i, k)
+    for i, kind in enumerate(["ties", "padding", "special", "random"]):
+        s2, i2 = make_case(kind, q, n, k, seed=100 + i)
+        st_s.copy_(s2)
+        st_i.copy_(i2)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind}")
+
+
+def test_rejects_bad_input():
+    if not sk._HAVE_TRITON:
+        with pytest.raises(RuntimeError):
+            sk.triton_ordered_select(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int32), 1)
+    else:
+        dev = _device() if (INTERPRET or sk.available()) else "cpu"
+        with pytest.raises(ValueError):
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int64, device=dev), 1)
+        with pytest.raises(ValueError):
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 0)
+    assert not sk.supports(sk.MAX_CANDIDATES + 1, 1)
+    assert not sk.supports(16, sk.MAX_K + 1)
+    assert sk.supports(16 * 2048, 2048)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-p", "no:cacheprovider"] + sys.argv[1:]))
