@@ -23,3 +23,4 @@ from .backend import register as _register_backend, tpflare_backend  # noqa: E40
 from .row_shards import refresh_row_shards, register_row_shard  # noqa: E402,F401
 
 _register_backend()
+from .ops.select import select_topk, validate_candidates  # noqa: E402,F401

@@ -1,0 +1,68 @@
+"""Selection binding: replace each model-facing ``tpflare.select`` node with its composition.
+
+Runs in the backend on a copy of Dynamo's graph, before AOTAutograd and Inductor,
+so the bound op is part of the graph Inductor's FX-graph cache keys on: a graph
+compiled under one winner is never served when the cache or knobs now say
+another.  The node keeps its arguments; the owner composition appends its child
+plan (the id replication).  Replay runs no Python decision.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import fx
+
+from tpflare import race, reporting
+from tpflare.config import Settings
+from tpflare.distributed import device_of_backend
+
+log = logging.getLogger("tpflare.passes.select_binding")
+
+_SELECT = {torch.ops.tpflare.select, torch.ops.tpflare.select.default}
+
+
+def _static_shape(node: Any) -> tuple[int, ...] | None:
+    val = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
+    if val is None:
+        return None
+    shape = []
+    for d in val.shape:
+        if not isinstance(d, int):
+            return None
+        shape.append(d)
+    return tuple(shape)
+
+
+def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settings,
+                      graph_id: str = "") -> list[race.Decision]:
+    """Bind every selection site in ``gm`` (edited in place); one decision per site."""
+    decisions = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SELECT:
+            continue
+        site = f"{graph_id}:{node.name}"
+        scores, k, group_name = _arg(node, 0, "scores"), _arg(node, 2, "k"), _arg(node, 3, "group_name")
+        with_scores = bool(_arg(node, 4, "with_scores", False))
+        shape = _static_shape(scores)
+        if shape is None or len(shape) != 2 or not isinstance(k, int) or not isinstance(group_name, str):
+            reporting.record("select", "bound", site=site, composition=race.DEFAULT, source="default",
+                             reason="dynamic shape or non-constant k/group: default composition, no race")
+            node.target = torch.ops.tpflare.select_replicated.default
+            continue
+        q, c = shape
+        d = race.decide(q, c, k, group_name, with_scores, device_of_backend(group_name), settings, site=site)
+        node.target = getattr(torch.ops.tpflare, d.composition.op).default
+        node.args = tuple(node.args[:4]) + (with_scores,) + tuple(d.composition.extra_args)
+        node.kwargs = {}
+        decisions.append(d)
+    if decisions:
+        gm.recompile()
+    return decisions

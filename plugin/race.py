@@ -1,0 +1,294 @@
+"""The compile-time composition race for candidate selection.
+
+For one selection site (static ``Q``, ``C``, ``k``, group), on every rank of the
+group in lockstep:
+
+1. build the cache key (shapes, dtypes, k, world, group layout, device, versions,
+   decision knobs, the source identity of every composition's code and the child
+   plans raced); look it up; **agree** on hit/miss: only if every rank hit the
+   same entry is the race skipped, otherwise every rank races;
+2. race: private seeded trial inputs (ties at the cutoff, padding, -inf), each
+   complete composition (packing, transport, selection, replication together)
+   warmed up, then timed with a barrier before every timed run; per-rank median;
+   a composition's time is its slowest rank's median (all-gathered, so every
+   rank computes the same winner);
+3. holdout inputs (never timed; NaN, -inf, mass ties, all-padding rows) check
+   every composition's ids (and score bits) against an independent reference
+   (a stable lexicographic sort); a composition failing on any rank is rejected;
+4. winner = fastest valid; a challenger must beat the default (replicated) by
+   more than ``TPFLARE_RACE_NEAR_TIE`` or the default wins; trial tensors are
+   released; the entry is written to the composition cache.
+
+Every step that can diverge goes through ``tpflare.distributed.agree`` (a
+private gloo group with ``TPFLARE_PREP_TIMEOUT``): no rank decides alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import reporting
+from .config import Settings
+from .distributed import agree, group_rank, group_ranks, group_size, resolve_group
+
+log = logging.getLogger("tpflare.race")
+
+DEFAULT = "replicated"
+
+# counters a user (or a test) can read: how much racing this process did
+stats = {"races": 0, "trials": 0, "cache_hits": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Composition:
+    """One complete composition: name, child plan, and how to run it."""
+
+    name: str                                   # "replicated" | "owner/allgather" | "owner/bf16"
+    op: str                                     # the op the binding puts in the graph
+    extra_args: tuple = ()                      # appended after the model-facing op's args
+    code: tuple[Any, ...] = ()                  # objects whose source identifies its code
+    impl: Callable[..., Any] | None = None       # run this instead of the op (tests, experiments)
+
+    def run(self, scores, ids, k: int, group_name: str, with_scores: bool):
+        fn = self.impl or getattr(torch.ops.tpflare, self.op)
+        return fn(scores, ids, k, group_name, with_scores, *self.extra_args)
+
+
+def compositions(settings: Settings) -> list[Composition]:
+    """The compositions a race considers under the current knobs."""
+    from tpflare.ops import ordering, select
+
+    code = (select, ordering)
+    try:
+        from tpflare.ops import select_kernel
+
+        code = code + (select_kernel,)
+    except ImportError:
+        pass
+    plans = ["allgather", "bf16"] if settings.select_id_replication == "auto" else [settings.select_id_replication]
+    out = [Composition(DEFAULT, "select_replicated", (), code)]
+    out += [Composition(f"owner/{p}", "select_owner", (p,), code) for p in plans]
+    return out
+
+
+def forced(settings: Settings) -> Composition | None:
+    """The composition a knob forces (no race), or None for ``select=auto``."""
+    if settings.select == "auto":
+        return None
+    comps = {c.name: c for c in compositions(settings)}
+    if settings.select == "replicated":
+        return comps[DEFAULT]
+    plan = "allgather" if settings.select_id_replication == "auto" else settings.select_id_replication
+    return comps[f"owner/{plan}"]
+
+
+@dataclasses.dataclass
+class Decision:
+    composition: Composition
+    source: str                                 # "forced" | "cache" | "race"
+    key: str | None = None
+    timings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    validation: dict[str, Any] = dataclasses.field(default_factory=dict)
+    why: str = ""
+
+
+# --- trial and holdout inputs -----------------------------------------------------------
+def make_candidates(q: int, c: int, rank: int, world: int, seed: int, pattern: str,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s candidates of a seeded input; every rank can rebuild every rank's.
+
+    Ids are distinct global KV ids (rank-interleaved); scores are quantised so
+    many exact ties straddle the top-k cutoff.  Patterns add -inf, NaN, +-0.0,
+    padding rows and fewer-than-k valid candidates.
+    """
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    levels = {"trial": 64, "ties": 4}.get(pattern, 16)
+    scores = torch.randint(-levels, levels, (q, c), generator=g).to(torch.float32) / 8
+    ids = (torch.randperm(c * 4, generator=g)[:c] * world + rank).to(torch.int32).repeat(q, 1)
+    ids = ids[:, torch.randperm(c, generator=g)].contiguous()
+    if pattern in ("holdout", "ties"):
+        u = torch.rand(q, c, generator=g)
+        scores[u < 0.05] = float("-inf")
+        scores[(u >= 0.05) & (u < 0.08)] = float("nan")
+        scores[(u >= 0.08) & (u < 0.10)] = -0.0
+        ids[u > 0.93] = -1                                   # padding
+        if q > 1:
+            ids[q // 2] = -1                                 # an all-padding row
+            scores[q - 1, c // 3:] = float("-inf")
+    return scores.to(device), ids.to(device)
+
+
+def reference_select(scores: torch.Tensor, ids: torch.Tensor, k: int):
+    """Independent reference: stable lexicographic sort by (valid, score desc NaN lowest, id asc)."""
+    scores, ids = scores.cpu(), ids.cpu()
+    s = scores.clone()
+    s[s == 0] = 0.0                                           # -0.0 ties with +0.0
+    nan = torch.isnan(s)
+    order = torch.argsort(ids.to(torch.int64), dim=1, stable=True)            # id ascending
+    for key in ((-s).nan_to_num(0.0).masked_fill(nan, float("inf")),          # score descending
+                nan.to(torch.int8),                                            # NaN below -inf
+                (ids < 0).to(torch.int8)):                                     # valid first
+        col = key.gather(1, order)
+        order = order.gather(1, torch.argsort(col, dim=1, stable=True))
+    top = order[:, :k]
+    out_ids = ids.gather(1, top)
+    out_scores = scores.gather(1, top)
+    pad = out_ids < 0
+    return out_ids.masked_fill(pad, -1), out_scores.masked_fill(pad, float("-inf"))
+
+
+def _all_ranks_input(q, c, world, seed, pattern, device, rank):
+    """This rank's share, plus the global reference (every rank can compute it)."""
+    parts = [make_candidates(q, c, r, world, seed, pattern, torch.device("cpu")) for r in range(world)]
+    mine = make_candidates(q, c, rank, world, seed, pattern, device)
+    all_s = torch.cat([p[0] for p in parts], dim=1)
+    all_i = torch.cat([p[1] for p in parts], dim=1)
+    return mine, (all_s, all_i)
+
+
+# --- timing ------------------------------------------------------------------------------
+def _timed(fn: Callable[[], Any], device: torch.device, group) -> float:
+    dist.barrier(group=group)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device: torch.device,
+             comps: Sequence[Composition], settings: Settings) -> tuple[str, dict, dict, str]:
+    """Race ``comps`` on every rank; returns (winner name, timings, validation, why)."""
+    world, rank = group_size(group_name), group_rank(group_name)
+    ranks = group_ranks(group_name)
+    group = resolve_group(group_name)
+    stats["races"] += 1
+    mem0 = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+
+    # holdout validation (never timed): exact ids and score bits on every rank
+    failures: dict[str, list[str]] = {cm.name: [] for cm in comps}
+    for h in range(settings.race_holdout):
+        pattern = "ties" if h % 2 else "holdout"
+        (s, i), (all_s, all_i) = _all_ranks_input(q, c, world, 100 + h, pattern, device, rank)
+        exp_ids, exp_scores = reference_select(all_s, all_i, k)
+        for cm in comps:
+            try:
+                got_ids, got_scores = cm.run(s, i, k, group_name, True)
+                ok = torch.equal(got_ids.cpu(), exp_ids) and torch.equal(
+                    got_scores.cpu().view(torch.int32), exp_scores.view(torch.int32))
+                if not ok:
+                    failures[cm.name].append(f"holdout {h} ({pattern}): ids or score bits differ")
+            except Exception as e:  # a composition that raises is rejected, not fatal
+                failures[cm.name].append(f"holdout {h}: {type(e).__name__}: {e}")
+        del s, i, all_s, all_i, exp_ids, exp_scores
+    everyone = agree("race validation", {n: len(f) for n, f in failures.items()}, ranks=ranks,
+                     timeout_s=settings.prep_timeout)
+    valid = {cm.name: all(e[cm.name] == 0 for e in everyone) for cm in comps}
+    validation = {cm.name: {"holdouts": settings.race_holdout,
+                            "failed_ranks": [r for r, e in zip(ranks, everyone) if e[cm.name]],
+                            "first_failure": (failures[cm.name][:1] or [None])[0]} for cm in comps}
+
+    # timing (only valid compositions), same order on every rank
+    (s, i), _ = _all_ranks_input(q, c, world, 7, "trial", device, rank)
+    medians: dict[str, float] = {}
+    for cm in comps:
+        if not valid[cm.name]:
+            continue
+        for _ in range(settings.race_warmup):
+            cm.run(s, i, k, group_name, with_scores)
+        times = [_timed(lambda: cm.run(s, i, k, group_name, with_scores), device, group)
+                 for _ in range(settings.race_iters)]
+        stats["trials"] += settings.race_warmup + settings.race_iters
+        medians[cm.name] = statistics.median(times)
+    del s, i
+    gc.collect()
+    mem_after = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        mem_after = torch.cuda.memory_allocated(device)
+    all_medians = agree("race timings", medians, ranks=ranks, timeout_s=settings.prep_timeout)
+    timings = {n: {"max_rank_ms": max(m[n] for m in all_medians),
+                   "per_rank_median_ms": [round(m[n], 4) for m in all_medians]}
+               for n in medians}
+    for cm in comps:
+        if not valid[cm.name]:
+            timings[cm.name] = {"max_rank_ms": None, "rejected": validation[cm.name]["first_failure"]
+                                or f"failed on ranks {validation[cm.name]['failed_ranks']}"}
+    ok = [n for n in medians]
+    if not ok:
+        from .errors import PreparationError
+
+        raise PreparationError(f"tpflare race: no composition passed holdout validation: {validation}")
+    best = min(ok, key=lambda n: (timings[n]["max_rank_ms"], n))
+    why = f"fastest valid ({timings[best]['max_rank_ms']:.4f} ms, slowest rank's median)"
+    if best != DEFAULT and DEFAULT in ok:
+        base = timings[DEFAULT]["max_rank_ms"]
+        if timings[best]["max_rank_ms"] > base * (1 - settings.race_near_tie):
+            why = (f"{best} within TPFLARE_RACE_NEAR_TIE={settings.race_near_tie} of the default "
+                   f"({timings[best]['max_rank_ms']:.4f} vs {base:.4f} ms): default kept")
+            best = DEFAULT
+    if mem0 is not None:
+        validation["_memory"] = {"allocated_before": mem0, "allocated_after": mem_after}
+    return best, timings, validation, why
+
+
+# --- the decision, cache included ------------------------------------------------------------
+def _site_key(q, c, k, group_name, with_scores, device, comps, settings):
+    from tpflare.cache.identity import code_identity, site_key_fields
+
+    return site_key_fields(
+        op="tpflare.select", shapes={"scores": [q, c], "ids": [q, c]},
+        dtypes={"scores": "float32", "ids": "int32", "with_scores": bool(with_scores)}, k=k,
+        world=group_size(group_name), group_ranks=group_ranks(group_name),
+        knobs=settings.decision_dict(),
+        compositions={cm.name: code_identity(*cm.code) for cm in comps},
+        child_plans={cm.name: list(cm.extra_args) for cm in comps},
+        device=device if device.type == "cuda" else None)
+
+
+def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: torch.device,
+           settings: Settings, *, site: str = "", comps: Sequence[Composition] | None = None) -> Decision:
+    """The composition every rank binds for this site (collective on the site's group)."""
+    from tpflare.cache.store import CompositionCache, make_key, new_entry
+
+    pinned = forced(settings)
+    if pinned is not None:
+        d = Decision(pinned, "forced", why=f"TPFLARE_SELECT={settings.select}")
+        reporting.record("select", "bound", site=site, composition=pinned.name, source="forced",
+                         reason=d.why, Q=q, C=c, k=k)
+        return d
+    comps = list(comps) if comps is not None else compositions(settings)
+    by_name = {cm.name: cm for cm in comps}
+    ranks = group_ranks(group_name)
+    fields = _site_key(q, c, k, group_name, with_scores, device, comps, settings)
+    key = make_key(fields)
+    cache = CompositionCache.from_settings(settings)
+    entry = cache.get(key)
+    mine = entry["winner"] if entry and entry.get("winner") in by_name else None
+    seen = agree("composition cache hit/miss", mine, ranks=ranks, timeout_s=settings.prep_timeout)
+    if all(s is not None for s in seen) and len(set(seen)) == 1:
+        stats["cache_hits"] += 1
+        d = Decision(by_name[seen[0]], "cache", key, entry.get("timings", {}), entry.get("validation", {}),
+                     why="every rank hit the same cache entry")
+    else:
+        why_race = ("cache miss on ranks " + str([r for r, s in zip(ranks, seen) if s is None])
+                    if any(s is None for s in seen) else f"ranks' cache entries differ: {seen}")
+        winner, timings, validation, why = run_race(q, c, k, group_name, with_scores, device, comps, settings)
+        d = Decision(by_name[winner], "race", key, timings, validation, why=f"{why}; raced because {why_race}")
+        cache.put(key, new_entry(fields, winner, timings, validation, why=why))
+    reporting.record("select", "bound", site=site, composition=d.composition.name, source=d.source,
+                     reason=d.why, Q=q, C=c, k=k, timings=d.timings, key=key[:16])
+    return d
