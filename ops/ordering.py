@@ -52,12 +52,14 @@ _SIGN32 = 0x80000000
 _ID_MASK = 0x7FFFFFFF
 
 
-def check_candidates(scores: Tensor, ids: Tensor, k: int, where: str, n_total: Optional[int] = None) -> None:
+def check_candidates(scores: Tensor, ids: Tensor, k: int, where: str,
+                     n_total: Optional[int] = None, *, upper: bool = True) -> None:
     """Raise ``ValueError`` naming the argument if the candidates break the format.
 
     Checks metadata only (never reads values): fp32 ``scores`` and int32 ``ids``,
     both 2-D, same shape, same device, ``1 <= k <= n_total`` (``n_total`` = the
-    candidates a row has after any exchange; defaults to this tensor's columns).
+    candidates a row has after any exchange; defaults to this tensor's columns;
+    ``upper=False`` skips that bound, for tracing without a live group).
     """
     if not isinstance(scores, Tensor):
         raise ValueError(f"{where}: scores must be a tensor, got {type(scores).__name__}")
@@ -77,7 +79,7 @@ def check_candidates(scores: Tensor, ids: Tensor, k: int, where: str, n_total: O
     if isinstance(k, bool) or not isinstance(k, int):
         raise ValueError(f"{where}: k must be an int, got {k!r}")
     n = scores.shape[1] if n_total is None else n_total
-    if k < 1 or k > n:
+    if k < 1 or (upper and k > n):
         raise ValueError(f"{where}: k={k} must be in [1, {n}] (candidates per row)")
 
 

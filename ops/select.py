@@ -51,7 +51,15 @@ log = logging.getLogger("tpflare.select")
 ID_REPLICATION_PLANS = ("allgather", "bf16")
 
 # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_all_gather_base = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _all_gather(x: Tensor, pg) -> Tensor:
+    """``[n, ...]`` on every rank -> ``[W, n, ...]`` in rank order (concatenated-form output)."""
+    world = dist.get_world_size(pg)
+    out = x.new_empty((world * x.shape[0],) + tuple(x.shape[1:]))
+    _all_gather_base(out, x.contiguous(), group=pg)
+    return out.view((world,) + tuple(x.shape))
 
 
 # --- row ownership ---------------------------------------------------------------
@@ -111,7 +119,7 @@ def _check_args(scores: Tensor, ids: Tensor, k: int, group_name: str, op: str,
     if not isinstance(group_name, str):
         raise ValueError(f"tpflare.{op}: group_name must be a str, got {type(group_name).__name__}")
     n_total = None if world is None else world * scores.shape[-1]
-    check_candidates(scores, ids, k, f"tpflare.{op}", n_total=n_total)
+    check_candidates(scores, ids, k, f"tpflare.{op}", n_total=n_total, upper=world is not None)
 
 
 def _world(group_name: str, op: str) -> int:
@@ -150,8 +158,7 @@ def _replicated(scores: Tensor, ids: Tensor, k: int, group_name: str, with_score
     world = _world(group_name, op)
     _check_args(scores, ids, k, group_name, op, world)
     packed = _pack(scores, ids)
-    gathered = packed.new_empty((world,) + tuple(packed.shape))
-    _all_gather(gathered, packed, group=resolve_group(group_name))
+    gathered = _all_gather(packed, resolve_group(group_name))
     all_scores, all_ids = _merge_sources(gathered)
     out_ids, out_scores = ordered_select(all_scores, all_ids, k)
     return out_ids, (out_scores if with_scores else _no_scores(scores))
@@ -188,8 +195,7 @@ def _replicate(local: Tensor, q: int, group_name: str, plan: str) -> Tensor:
     local = local.contiguous()
     m = local.shape[1]
     if plan == "allgather":
-        gathered = local.new_empty((world, r, m))
-        _all_gather(gathered, local, group=pg)
+        gathered = _all_gather(local, pg)
         return _from_owner_blocks(gathered, q)
     # bf16: bytes 0..255 are exact BF16 integers; only the owner's rows are non-zero,
     # so the sum is exact in any reduction order; decoded bytes give the same int32 bits.
@@ -230,7 +236,9 @@ def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scor
         return _replicate(sel_ids, q, group_name, id_replication), _no_scores(scores)
     both = _replicate(torch.cat((sel_ids, sel_scores.view(torch.int32)), dim=1), q,
                       group_name, id_replication)
-    return both[:, :k].contiguous(), both[:, k:].contiguous().view(torch.float32)
+    fresh = torch.contiguous_format  # two fresh tensors: outputs may not alias each other
+    return (both[:, :k].clone(memory_format=fresh),
+            both[:, k:].clone(memory_format=fresh).view(torch.float32))
 
 
 @select_owner.register_fake

@@ -52,15 +52,14 @@ def _score_order_key(scores: torch.Tensor) -> torch.Tensor:
 
 
 def ref_packed(scores: torch.Tensor, ids: torch.Tensor, k: int):
-    scores = scores.cpu()
-    ids = ids.cpu()
+    """On the inputs' device (torch.topk there: independent of the Triton kernel)."""
     q, n = scores.shape
     valid = ids >= 0
     key = (_score_order_key(scores) << 31) | (0x7FFFFFFF - ids.to(torch.int64).clamp(min=0))
     key = torch.where(valid, key, torch.full_like(key, -1))
     kk = min(k, n)
-    out_ids = torch.full((q, k), -1, dtype=torch.int32)
-    out_sc = torch.full((q, k), float("-inf"), dtype=torch.float32)
+    out_ids = torch.full((q, k), -1, dtype=torch.int32, device=scores.device)
+    out_sc = torch.full((q, k), float("-inf"), dtype=torch.float32, device=scores.device)
     if kk > 0:
         top, pos = torch.topk(key, kk, dim=1, largest=True, sorted=True)
         ok = top >= 0
@@ -103,11 +102,16 @@ def _nan(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
-def make_case(kind: str, q: int, n: int, k: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    # distinct global ids per row (a KV range several times n), random order
-    span = max(4 * n, 16)
-    ids = torch.stack([torch.randperm(span, generator=g)[:n] for _ in range(q)]).to(torch.int32)
+def make_case(kind: str, q: int, n: int, k: int, seed: int, device: str = "cpu"):
+    """Inputs on ``device`` (made there: large cases are quick on a GPU)."""
+    with torch.device(device):
+        return _make_case(kind, q, n, k, seed, device)
+
+
+def _make_case(kind, q, n, k, seed, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    # distinct global ids per row (spread over a KV range 4n wide), random order
+    ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 4 + torch.randint(0, 4, (q, 1), generator=g)).to(torch.int32)
     scores = torch.randn(q, n, generator=g)
     if kind == "random":
         pass
@@ -186,7 +190,7 @@ def test_against_packed_topk(kind, k, n):
     _require_kernel()
     rows = ROWS if not INTERPRET else [1, 2]
     for q in rows:
-        scores, ids = make_case(kind, q, n, k, seed=q * 31 + n + k)
+        scores, ids = make_case(kind, q, n, k, seed=q * 31 + n + k, device=_device())
         check_equal(run_kernel(scores, ids, k), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
 
 
@@ -223,7 +227,7 @@ def test_cuda_graph_capture_and_replay():
     with torch.cuda.graph(graph):
         out = sk.triton_ordered_select(st_s, st_i, k)
     for i, kind in enumerate(["ties", "padding", "special", "random"]):
-        s2, i2 = make_case(kind, q, n, k, seed=100 + i)
+        s2, i2 = make_case(kind, q, n, k, seed=100 + i, device="cuda")
         st_s.copy_(s2)
         st_i.copy_(i2)
         graph.replay()
