@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any, Sequence
 
@@ -197,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # tpflare's loggers have a NullHandler; show the cache's warnings on stderr here
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if argv[:1] == ["demo"]:  # everything after `demo` is the demo's, options included
         return _cmd_demo(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)

@@ -39,8 +39,9 @@ def _entry(fields: dict, winner: str, writer: int) -> dict:
                      {"owner": {"passed": 4, "failed": 0}}, writer=writer)
 
 
-def _light_import_cache() -> None:
-    """Make ``import tpflare.cache`` skip the package's __init__ (and torch)."""
+def light_import_cache() -> None:
+    """Make ``import tpflare.cache`` skip the package's __init__ (and torch).
+    Also used by test_cache_store's child process."""
     if "tpflare" in sys.modules:
         return
     spec = importlib.util.find_spec("tpflare")  # finds, does not execute
@@ -52,7 +53,7 @@ def _light_import_cache() -> None:
 
 def _worker(directory: str, idx: int, barrier, errors) -> None:
     try:
-        _light_import_cache()
+        light_import_cache()
         from tpflare.cache import CompositionCache, make_key
 
         assert "torch" not in sys.modules  # (else each of the eight imports it: slow)

@@ -218,8 +218,11 @@ def test_uncreatable_directory_races_without_caching(tmp_path, caplog):
 
 _READONLY_SCRIPT = textwrap.dedent("""
     import json, logging, sys
+    d, key, fields_json, tests = sys.argv[1:5]
+    sys.path.insert(0, tests)
+    from test_cache_concurrency import light_import_cache
+    light_import_cache()  # no torch import: seconds saved
     from tpflare.cache import CompositionCache
-    d, key, fields_json = sys.argv[1], sys.argv[2], sys.argv[3]
     msgs = []
     class H(logging.Handler):
         def emit(self, r):
@@ -253,7 +256,8 @@ def test_read_only_directory(caplog):
         if as_root:
             os.chmod(d, 0o755)  # root-owned: nobody may read, not write
             cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
-                   sys.executable, "-c", _READONLY_SCRIPT, d, key, json.dumps(f)]
+                   sys.executable, "-c", _READONLY_SCRIPT, d, key, json.dumps(f),
+                   os.path.dirname(os.path.abspath(__file__))]
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                                  env={**os.environ, "HOME": d})
             assert out.returncode == 0, out.stderr
