@@ -1,0 +1,141 @@
+"""The composition race and its cache, across real gloo ranks."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpflare.testing import run_ranks
+
+pytestmark = pytest.mark.multiproc
+
+Q, C, K = 6, 24, 16      # Q not divisible by W=4, k < W*C
+
+
+def _compiled_site(rank, world, cache_dir, select):
+    import tpflare
+    from tpflare import race
+
+    tpflare.config.cache_dir = cache_dir
+    tpflare.config.race_iters = 3
+    tpflare.config.race_warmup = 1
+    tpflare.config.race_holdout = 2
+    tpflare.config.select = select
+
+    def f(s, i):
+        ids, scores = tpflare.select_topk(s, i, K, with_scores=True)
+        return ids, scores
+
+    s, i = race.make_candidates(Q, C, rank, world, 11, "holdout", torch.device("cpu"))
+    ids, scores = torch.compile(f, backend="tpflare", fullgraph=True)(s, i)
+    parts = [race.make_candidates(Q, C, r, world, 11, "holdout", torch.device("cpu")) for r in range(world)]
+    exp_ids, _ = race.reference_select(torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1), K)
+    bound = [r for r in tpflare.report() if r["kind"] == "select"]
+    return dict(stats=dict(race.stats), exact=torch.equal(ids, exp_ids),
+                composition=bound[0]["composition"], source=bound[0]["source"])
+
+
+def test_race_then_cache_hit_in_new_processes(tmp_path):
+    first = run_ranks(_compiled_site, 2, args=(str(tmp_path), "auto"), timeout=180)
+    assert len({r["composition"] for r in first}) == 1            # one winner on every rank
+    for r in first:
+        assert r["exact"] and r["source"] == "race" and r["stats"]["trials"] > 0
+    entries = list(Path(tmp_path).glob("*.json"))
+    assert len(entries) == 1
+    entry = json.loads(entries[0].read_text())
+    assert json.dumps(entry).count("max_rank_ms") >= 3          # every composition's timing kept
+    second = run_ranks(_compiled_site, 2, args=(str(tmp_path), "auto"), timeout=180)
+    for r in second:
+        assert r["exact"] and r["source"] == "cache"
+        assert r["stats"] == {"races": 0, "trials": 0, "cache_hits": 1}
+        assert r["composition"] == first[0]["composition"]
+
+
+def _decide(rank, world, cache_root, per_rank_dirs, select, seed_entries):
+    import tpflare
+    from tpflare import race
+    from tpflare.cache.store import CompositionCache, make_key, new_entry
+
+    cache_dir = f"{cache_root}/r{rank}" if per_rank_dirs else cache_root
+    tpflare.config.cache_dir = cache_dir
+    tpflare.config.race_iters = 3
+    tpflare.config.race_warmup = 1
+    tpflare.config.race_holdout = 2
+    tpflare.config.select = select
+    settings = tpflare.config.resolve()
+    comps = race.compositions(settings)
+    if seed_entries and rank in seed_entries:                   # pre-seed this rank's cache
+        fields = race._site_key(Q, C, K, "0", False, torch.device("cpu"), comps, settings)
+        CompositionCache(cache_dir).put(make_key(fields), new_entry(fields, seed_entries[rank], {seed_entries[rank]: {"max_rank_ms": 1.0}}))
+    d = race.decide(Q, C, K, "0", False, torch.device("cpu"), settings, site="t")
+    return dict(name=d.composition.name, source=d.source, stats=dict(race.stats))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_same_winner_everywhere_and_forced_skip(tmp_path, world):
+    res = run_ranks(_decide, world, args=(str(tmp_path), False, "auto", None), timeout=180)
+    assert len({r["name"] for r in res}) == 1 and all(r["source"] == "race" for r in res)
+    forced = run_ranks(_decide, world, args=(str(tmp_path / "f"), False, "owner", None), timeout=120)
+    for r in forced:
+        assert r["source"] == "forced" and r["name"].startswith("owner/") and r["stats"]["trials"] == 0
+
+
+@pytest.mark.parametrize("seeds", [{0: "owner/bf16"}, {0: "owner/bf16", 1: "replicated"}],
+                         ids=["entry-on-one-rank", "different-entries"])
+def test_disagreeing_cache_state_ends_in_one_decision(tmp_path, seeds):
+    res = run_ranks(_decide, 2, args=(str(tmp_path), True, "auto", seeds), timeout=180)
+    assert len({r["name"] for r in res}) == 1
+    assert all(r["source"] == "race" and r["stats"]["races"] == 1 for r in res)
+
+
+def _broken_rejected(rank, world):
+    import torch.distributed as dist
+
+    import tpflare
+    from tpflare import race
+
+    def fp32_topk_only(scores, ids, k, group_name, with_scores):
+        # wrong on purpose: plain fp32 topk ignores the id tie rule, NaN and padding order
+        all_s = [torch.empty_like(scores) for _ in range(world)]
+        all_i = [torch.empty_like(ids) for _ in range(world)]
+        dist.all_gather(all_s, scores)
+        dist.all_gather(all_i, ids)
+        s, i = torch.cat(all_s, 1), torch.cat(all_i, 1)
+        top, idx = torch.topk(s, k, dim=1)
+        return i.gather(1, idx), top
+
+    tpflare.config.race_iters = 2
+    tpflare.config.race_warmup = 0
+    settings = tpflare.config.resolve()
+    comps = race.compositions(settings)[:1] + [race.Composition("broken", "select", (), (), fp32_topk_only)]
+    winner, timings, validation, _why = race.run_race(Q, C, K, "0", False, torch.device("cpu"), comps, settings)
+    return winner, timings["broken"], validation["broken"]
+
+
+def test_wrong_composition_is_rejected_by_holdout():
+    for winner, broken_timing, broken_validation in run_ranks(_broken_rejected, 2, timeout=120):
+        assert winner == "replicated"
+        assert broken_timing["max_rank_ms"] is None and broken_timing["rejected"]
+        assert broken_validation["failed_ranks"] == [0, 1]
+
+
+def test_reference_select_matches_plain_python_sort():
+    import math
+    import random
+
+    from tpflare.race import reference_select
+
+    rnd = random.Random(0)
+    pool = [0.5, -0.0, 0.0, 1.0, float("-inf"), float("nan"), 2.0]
+    scores = torch.tensor([[rnd.choice(pool) for _ in range(40)] for _ in range(5)])
+    ids = torch.tensor([[rnd.choice([-1, rnd.randrange(1000)]) for _ in range(40)] for _ in range(5)],
+                       dtype=torch.int32)
+
+    def key(p):
+        s, i = p
+        return (i < 0, 1 if math.isnan(s) else 0, -(0.0 if math.isnan(s) else s), i)
+
+    got, _ = reference_select(scores, ids, 12)
+    for row in range(5):
+        exp = [i if i >= 0 else -1 for s, i in sorted(zip(scores[row].tolist(), ids[row].tolist()), key=key)[:12]]
+        assert got[row].tolist() == exp
