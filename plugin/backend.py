@@ -204,8 +204,23 @@ def _bind_selection(gm: fx.GraphModule, example_inputs: list, settings: Settings
     return bool(select_binding.bind_select_sites(gm, example_inputs, settings, graph_id=graph_id))
 
 
-def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any):
-    """torch.compile backend: tpflare's graph preparation, then Inductor."""
+def _inductor_patches(mode: str | None, options: dict | None) -> dict[str, Any]:
+    """``torch.compile(..., mode=, options=)`` as Inductor config patches (as Inductor does)."""
+    patches: dict[str, Any] = {}
+    if mode and mode != "default":
+        from torch._inductor import list_mode_options
+
+        patches.update(list_mode_options(mode))
+    patches.update(options or {})
+    return patches
+
+
+def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+                    options: dict | None = None):
+    """torch.compile backend: tpflare's graph preparation, then Inductor.
+
+    ``mode`` / ``options`` are Inductor's (``mode="reduce-overhead"`` = CUDA graphs).
+    """
     from torch._inductor.compile_fx import compile_fx
 
     from tpflare.passes.manager import TpflarePostGradPass
@@ -226,8 +241,9 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs:
 
     post_pass = TpflarePostGradPass(plan, settings.decision_hash(),
                                     chained=inductor_config.post_grad_custom_post_pass)
-    compiled = compile_fx(work, inputs + extra,
-                          config_patches={"post_grad_custom_post_pass": post_pass}, **kwargs)
+    patches = _inductor_patches(mode, options)
+    patches["post_grad_custom_post_pass"] = post_pass
+    compiled = compile_fx(work, inputs + extra, config_patches=patches)
     if not extra:
         return compiled
     return _with_extra_inputs(compiled, extra, guarded)

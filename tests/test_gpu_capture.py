@@ -1,0 +1,87 @@
+"""CUDA + NCCL: compiled tpflare sites captured in CUDA graphs and replayed (GPU machine only)."""
+import pytest
+import torch
+
+from tpflare.testing import run_ranks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multiproc]
+
+Q, C, K = 8, 2048, 2048
+
+
+def _capture_select(rank, world, mode):
+    import tpflare
+    from tpflare import race
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    tpflare.config.race_iters = 5
+
+    def f(s, i):
+        return tpflare.select_topk(s, i, K, with_scores=True)
+
+    s0, i0 = race.make_candidates(Q, C, rank, world, 1, "holdout", dev)
+    if mode == "reduce-overhead":
+        cf = torch.compile(f, backend="tpflare", mode="reduce-overhead", fullgraph=True)
+        replay = None
+    else:
+        cf = torch.compile(f, backend="tpflare", fullgraph=True)
+        static_s, static_i = s0.clone(), i0.clone()
+        for _ in range(3):
+            cf(static_s, static_i)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = cf(static_s, static_i)
+    bad = 0
+    for step in range(20):
+        s, i = race.make_candidates(Q, C, rank, world, 50 + step, "ties" if step % 2 else "holdout", dev)
+        if mode == "reduce-overhead":
+            got = [t.clone() for t in cf(s, i)]
+        else:
+            static_s.copy_(s)
+            static_i.copy_(i)
+            outs[0].fill_(0x7FFFFFFF)
+            graph.replay()
+            got = outs
+        parts = [race.make_candidates(Q, C, r, world, 50 + step, "ties" if step % 2 else "holdout",
+                                      torch.device("cpu")) for r in range(world)]
+        exp_ids, exp_scores = race.reference_select(torch.cat([p[0] for p in parts], 1),
+                                                    torch.cat([p[1] for p in parts], 1), K)
+        bad += int(not torch.equal(got[0].cpu(), exp_ids))
+        bad += int(not torch.equal(got[1].cpu().view(torch.int32), exp_scores.view(torch.int32)))
+    bound = [r["composition"] for r in tpflare.report() if r["kind"] == "select"]
+    return bad, bound
+
+
+@pytest.mark.parametrize("mode", ["cudagraph", "reduce-overhead"])
+def test_selection_site_captured_and_replayed(mode):
+    world = torch.cuda.device_count()
+    for bad, bound in run_ranks(_capture_select, world, args=(mode,), backend="nccl", timeout=300,
+                                env={"NCCL_NVLS_ENABLE": "0"}):
+        assert bad == 0 and len(bound) == 1
+
+
+def _capture_gather(rank, world):
+    import tpflare
+    from tpflare.distributed import group_name_of
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    g = group_name_of(None)
+    x = torch.randn(64, 128, device=dev, dtype=torch.bfloat16)
+    outs = None
+    torch.ops.tpflare.column_gather(x, world, g)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = torch.ops.tpflare.column_gather(x, world, g)
+    bad = 0
+    for step in range(50):
+        x.copy_(torch.randn(64, 128, device=dev, dtype=torch.bfloat16))
+        outs.fill_(float("nan"))
+        graph.replay()
+        bad += int(not torch.equal(outs, torch.ops.tpflare.column_gather(x, world, g)))
+    return bad
+
+
+def test_column_gather_captured():
+    world = torch.cuda.device_count()
+    assert run_ranks(_capture_gather, world, backend="nccl", timeout=120,
+                     env={"NCCL_NVLS_ENABLE": "0"}) == [0] * world
