@@ -61,7 +61,12 @@ def _open_cache(args: argparse.Namespace):
 
 
 def _fmt_ms(v: Any) -> str:
-    return f"{v:.4f} ms" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    """A timing: a number of ms, or the race's dict of statistics (ms)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:.4f} ms"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_fmt_ms(x) if k.endswith('_ms') else x}" for k, x in v.items())
+    return "failed validation" if v is None else str(v)
 
 
 def _site_line(fields: dict) -> str:
@@ -69,8 +74,9 @@ def _site_line(fields: dict) -> str:
     for name in ("shapes", "dtypes", "k", "world", "group_ranks"):
         if name in fields:
             parts.append(f"{name}={json.dumps(fields[name], separators=(',', ':'))}")
-    dev = fields.get("device") or {}
-    parts.append(dev.get("name") or dev.get("type", "?"))
+    dev = fields.get("device")
+    if isinstance(dev, dict):
+        parts.append(dev.get("name") or dev.get("type", "?"))
     return " ".join(parts)
 
 
