@@ -1,0 +1,90 @@
+"""Compile time: plain Inductor vs tpflare with a cold and a warm composition cache.
+
+    python bench/compile_time.py --world 2 --json compile.json        # CPU + gloo
+    python bench/compile_time.py --world 1 --backend nccl             # GPUs + NCCL
+
+The model is one latent-gather site (K-sliced GEMM + all-reduce) and one
+selection site.  Each variant compiles in a fresh process per rank with
+Inductor's FX-graph cache off (so every variant really compiles); the figure
+is the max over ranks of (first call - steady call).  tpflare cold = empty
+composition cache (the race runs); warm = the same cache again (no race).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+
+def _variant(rank, world, variant, cache_dir, rows, hidden, latent, q, c, k, device_kind):
+    import torch._inductor.config as ic
+
+    import tpflare
+    from tpflare import race
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from replay_stress import _site_fns
+
+    ic.fx_graph_cache = False
+    tpflare.config.cache_dir = cache_dir
+    tpflare.config.latent_gather = True
+    dev = torch.device("cuda", torch.cuda.current_device()) if device_kind == "nccl" else torch.device("cpu")
+    model = _site_fns(rank, world, hidden, latent, q, c, k)
+    x = torch.randn(rows, hidden, dtype=torch.bfloat16, device=dev)
+    w_col = torch.randn(latent, hidden // world, dtype=torch.bfloat16, device=dev)
+    s, i = race.make_candidates(q, c, rank, world, 1, "trial", dev)
+    backend = "inductor" if variant == "inductor" else "tpflare"
+    cf = torch.compile(model, backend=backend, fullgraph=True)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    cf(x, w_col, s, i)
+    sync()
+    first = time.perf_counter() - t0
+    steady = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        cf(x, w_col, s, i)
+        sync()
+        steady.append(time.perf_counter() - t0)
+    return dict(compile_s=first - statistics.median(steady), races=race.stats["races"],
+                cache_hits=race.stats["cache_hits"])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--latent", type=int, default=512)
+    ap.add_argument("--q", type=int, default=8)
+    ap.add_argument("--c", type=int, default=256)
+    ap.add_argument("--k", type=int, default=256)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args(argv)
+    from tpflare.testing import run_ranks
+
+    cache_dir = tempfile.mkdtemp(prefix="tpflare_compile_bench_")
+    out = {}
+    for variant in ["inductor", "tpflare_cold", "tpflare_warm"]:
+        res = run_ranks(_variant, a.world, args=(variant, cache_dir, a.rows, a.hidden, a.latent, a.q, a.c,
+                                                 a.k, a.backend), backend=a.backend, timeout=900)
+        out[variant] = dict(compile_s=max(r["compile_s"] for r in res), races=res[0]["races"],
+                            cache_hits=res[0]["cache_hits"])
+    base = out["inductor"]["compile_s"]
+    print(f"{'variant':<14} {'compile s':>10} {'vs inductor':>12} {'races':>6} {'cache hits':>11}")
+    for v, r in out.items():
+        print(f"{v:<14} {r['compile_s']:>10.2f} {r['compile_s'] / base:>12.2f} {r['races']:>6} {r['cache_hits']:>11}")
+    print(f"race cost per site (cold - warm): {out['tpflare_cold']['compile_s'] - out['tpflare_warm']['compile_s']:.2f} s")
+    if a.json:
+        json.dump(dict(args=vars(a), results=out), open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
