@@ -41,15 +41,9 @@ import time
 
 import torch
 
+from tpflare.demo import correctly_rounded_bf16
+
 BF16 = torch.bfloat16
-
-
-def round_to_bf16_exact(ref: torch.Tensor) -> torch.Tensor:
-    """float64 -> BF16 with a single round-to-nearest-even (no float32 detour)."""
-    m, e = torch.frexp(ref)                          # ref = m * 2**e, |m| in [0.5, 1)
-    q = torch.round(m * 256.0) / 256.0               # 8 significant bits; torch.round is half-to-even
-    out = torch.ldexp(q, e.to(torch.float64))
-    return out.to(BF16)                              # exact: out is representable in BF16
 
 
 def make_inputs(kind: str, m: int, k: int, n: int, seed: int, pair_world: int = 2):
@@ -125,7 +119,7 @@ def run(rows: int, k: int, n: int, worlds: list[int], seed: int) -> list[dict]:
     for kind in ("gaussian", "cancelling"):
         x, w = make_inputs(kind, rows, k, n, seed, pair_world=max(worlds))
         ref = x.double() @ w.double().T
-        rounded = round_to_bf16_exact(ref)
+        rounded = correctly_rounded_bf16(ref)
         for world in worlds:
             if k % world or n % world:
                 raise SystemExit(f"K={k} and N={n} must divide by W={world}")
