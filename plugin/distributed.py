@@ -21,7 +21,7 @@ from .errors import KnobMismatchError, PreparationError
 
 log = logging.getLogger("tpflare.distributed")
 
-_side_groups: dict[tuple[tuple[int, ...], float], Any] = {}
+_side_groups: dict[tuple[int, ...], Any] = {}
 _lock = threading.Lock()
 
 
@@ -61,9 +61,11 @@ def group_rank(group_name: str) -> int:
 def _side_group(ranks: Sequence[int], timeout_s: float):
     """A private gloo group over ``ranks`` used only for preparation agreement.
 
-    Created with ``use_local_synchronization`` so only the member ranks take part.
+    Created with ``use_local_synchronization`` so only the member ranks take part;
+    one per rank set, with the timeout of its first use (ranks may not disagree on
+    which groups exist, so the timeout is not part of the identity).
     """
-    key = (tuple(ranks), float(timeout_s))
+    key = tuple(ranks)
     with _lock:
         g = _side_groups.get(key)
         if g is None:
@@ -106,9 +108,9 @@ def agree(
         if local_exc is not None:
             raise local_exc
         return [payload[1]]
-    group = _side_group(ranks, timeout_s)
     gathered: list[Any] = [None] * len(ranks)
     try:
+        group = _side_group(ranks, timeout_s)
         dist.all_gather_object(gathered, payload, group=group)
     except Exception as e:
         raise PreparationError(

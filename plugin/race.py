@@ -288,7 +288,10 @@ def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: t
                     if any(s is None for s in seen) else f"ranks' cache entries differ: {seen}")
         winner, timings, validation, why = run_race(q, c, k, group_name, with_scores, device, comps, settings)
         d = Decision(by_name[winner], "race", key, timings, validation, why=f"{why}; raced because {why_race}")
-        cache.put(key, new_entry(fields, winner, timings, validation, why=why))
+        try:  # the winner is agreed already: a cache that cannot be written only costs a later race
+            cache.put(key, new_entry(fields, winner, timings, validation, why=why))
+        except Exception as e:
+            log.warning("tpflare: composition cache entry not written (%s); the decision stands", e)
     reporting.record("select", "bound", site=site, composition=d.composition.name, source=d.source,
                      reason=d.why, Q=q, C=c, k=k, timings=d.timings, key=key[:16])
     return d
