@@ -5,17 +5,19 @@
 rule of DESIGN.md, as ``(ids int32 [Q, k], scores fp32 [Q, k])``:
 
 1. valid (``id >= 0``) before invalid;
-2. then score descending under a total order: ``+inf > finite > -inf > NaN``;
-   every NaN (any sign, any payload) ranks equal, below ``-inf``; ``-0.0`` and
-   ``+0.0`` rank **equal** (as IEEE ``==`` says), so they are ordered by id;
+2. then score descending under a total order: the IEEE-754 ``totalOrder`` of the
+   bits for non-NaN values (``+inf > finite > -inf``, and ``+0.0`` ranks **above**
+   ``-0.0``), with every NaN (any sign, any payload) ranking equal, below ``-inf``;
 3. then lower id first.
+
+(The Triton kernel in ``select_kernel.py`` implements the same rule; the zero
+choice is shared on purpose: every path must agree bit for bit.)
 
 Output slots that hold no valid candidate (fewer than ``k`` valid in the row) are
 padding: id ``-1`` and score ``-inf``.  Every other slot carries the selected
-candidate's original score bits (NaN payloads and the sign of zero included) and
-id bits.  Valid ids are expected to be unique within a row (global KV ids); if a
-valid ``(id, score)`` pair appears twice with scores that rank equal but differ in
-bits (``-0.0``/``+0.0``, two NaN payloads), either copy's bits may be returned.
+candidate's original score bits (NaN payloads included) and id bits.  Valid ids are expected to be unique
+within a row (global KV ids); if a valid id appears twice with two NaN scores of
+different payloads, either copy's bits may be returned.
 
 The torch implementation packs the rule into one exact int64 key per candidate::
 
@@ -23,8 +25,9 @@ The torch implementation packs the rule into one exact int64 key per candidate::
     invalid: INT64_MIN (all padding ties; its output is the constant -1 / -inf)
 
 where "ordered score" maps the fp32 bit pattern ``u`` to ``~u`` for negatives and
-``u | 0x80000000`` otherwise (order-preserving as unsigned), with ``-0.0`` read as
-``+0.0`` and every NaN mapped to 0 (below ``-inf``, whose code is ``0x007FFFFF``).
+``u | 0x80000000`` otherwise (order-preserving as unsigned: ``-0.0`` -> ``0x7FFFFFFF``
+just below ``+0.0`` -> ``0x80000000``), and every NaN mapped to 0 (below ``-inf``,
+whose code is ``0x007FFFFF``).
 Valid keys are non-negative and distinct for distinct valid ids, so a sorted
 ``torch.topk`` on them is deterministic; its indices gather the original bits.
 No ``.item()``, no data-dependent shape: CUDA graphs can capture it.
@@ -86,7 +89,6 @@ def check_candidates(scores: Tensor, ids: Tensor, k: int, where: str,
 def order_keys(scores: Tensor, ids: Tensor) -> Tensor:
     """The packed int64 key of every candidate (larger key = earlier in the order)."""
     bits = scores.contiguous().view(torch.int32).to(torch.int64) & _U32
-    bits = torch.where(bits == _SIGN32, torch.zeros_like(bits), bits)  # -0.0 ranks as +0.0
     ordered = torch.where(bits >= _SIGN32, _U32 - bits, bits | _SIGN32)
     is_nan = (bits & _ID_MASK) > 0x7F800000
     ordered = torch.where(is_nan, torch.zeros_like(ordered), ordered)
@@ -107,8 +109,11 @@ def torch_ordered_select(scores: Tensor, ids: Tensor, k: int) -> tuple[Tensor, T
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_impl() -> Optional[Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]]:
+def _triton_impl() -> Optional[tuple[Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]],
+                                     Callable[[int, int], bool]]]:
+    """``(triton_ordered_select, supports(n, k))`` when the kernel can run here, else None."""
     try:
+        from . import select_kernel
         from .select_kernel import available, triton_ordered_select
     except ImportError as e:
         log.debug("tpflare.ops.select_kernel not importable (%s): torch ordered selection", e)
@@ -116,7 +121,7 @@ def _triton_impl() -> Optional[Callable[[Tensor, Tensor, int], tuple[Tensor, Ten
     if not available():
         log.debug("tpflare.ops.select_kernel reports unavailable: torch ordered selection")
         return None
-    return triton_ordered_select
+    return triton_ordered_select, getattr(select_kernel, "supports", lambda n, k: True)
 
 
 def _kernel_choice(kernel: Optional[str]) -> str:
@@ -142,13 +147,14 @@ def ordered_select(scores: Tensor, ids: Tensor, k: int, *,
         choice = _kernel_choice(kernel)
         if choice != "torch":
             impl = _triton_impl()
-            if impl is not None:
-                return impl(scores, ids, k)
+            if impl is not None and impl[1](scores.shape[1], k):
+                return impl[0](scores, ids, k)
             if choice == "triton":
+                why = ("is not importable or not available" if impl is None else
+                       f"does not support N={scores.shape[1]} candidates a row with k={k}")
                 raise RuntimeError(
-                    "ordered_select: TPFLARE_SELECT_KERNEL=triton but the Triton selection "
-                    "kernel (tpflare.ops.select_kernel) is not importable or not available; "
-                    "use 'auto' or 'torch'")
+                    f"ordered_select: TPFLARE_SELECT_KERNEL=triton but the Triton selection "
+                    f"kernel (tpflare.ops.select_kernel) {why}; use 'auto' or 'torch'")
     return torch_ordered_select(scores, ids, k)
 
 

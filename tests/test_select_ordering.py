@@ -2,7 +2,7 @@
 
 The reference sorts candidates by the Order rule written out directly: scores are
 decoded from their fp32 bits into exact ``Fraction``s (no float arithmetic, no
-torch.topk, no packed key), NaN is a class below -inf, -0.0 == +0.0.
+torch.topk, no packed key), NaN is a class below -inf, +0.0 ranks above -0.0.
 ``test_select_ranks.py`` imports ``reference_select`` and ``special_bits`` from here.
 """
 from __future__ import annotations
@@ -35,22 +35,25 @@ special_bits = [
 ]
 
 
-def _rank_of_bits(bits: int) -> tuple[int, Fraction]:
-    """(class, exact value): class 3 = +inf, 2 = finite, 1 = -inf, 0 = NaN."""
+def _rank_of_bits(bits: int) -> tuple[int, Fraction, int]:
+    """(class, exact value, sign rank): class 3 = +inf, 2 = finite, 1 = -inf, 0 = NaN.
+
+    The sign rank (1 = positive) only decides between the two zeros.
+    """
     neg, exp, man = bits >> 31, (bits >> 23) & 0xFF, bits & 0x7FFFFF
     if exp == 0xFF:
         if man:
-            return 0, Fraction(0)
-        return (1, Fraction(0)) if neg else (3, Fraction(0))
+            return 0, Fraction(0), 0
+        return (1, Fraction(0), 0) if neg else (3, Fraction(0), 1)
     mag = Fraction(man, 2 ** 149) if exp == 0 else Fraction(man | 0x800000) * Fraction(2) ** (exp - 150)
-    return 2, -mag if neg else mag
+    return 2, -mag if neg else mag, 1 - neg
 
 
 def reference_row(bits: list[int], ids: list[int], k: int) -> tuple[list[int], list[int]]:
     """Top-k of one row: (ids, score bits), padding = (-1, bits of -inf)."""
     def key(j):
-        cls, val = _rank_of_bits(bits[j])
-        return (0 if ids[j] >= 0 else 1, -cls, -val, ids[j])
+        cls, val, sign = _rank_of_bits(bits[j])
+        return (0 if ids[j] >= 0 else 1, -cls, -val, -sign, ids[j])
 
     order = sorted(range(len(ids)), key=key)[:k]
     out_ids = [ids[j] if ids[j] >= 0 else -1 for j in order]
@@ -81,8 +84,8 @@ def test_reference_on_hand_example():
     bits = [f32_bits(1.0), 0x7FC00000, f32_bits(-0.0), f32_bits(0.0), f32_bits(-math.inf),
             f32_bits(2.0), f32_bits(math.inf), 0xFFC00000, f32_bits(5.0)]
     ids = [5, 1, 2, 3, 4, -1, 9, 0, -7]
-    exp_ids = [9, 5, 2, 3, 4, 0, 1, -1, -1]
-    exp_bits = [f32_bits(math.inf), f32_bits(1.0), f32_bits(-0.0), f32_bits(0.0),
+    exp_ids = [9, 5, 3, 2, 4, 0, 1, -1, -1]
+    exp_bits = [f32_bits(math.inf), f32_bits(1.0), f32_bits(0.0), f32_bits(-0.0),
                 f32_bits(-math.inf), 0xFFC00000, 0x7FC00000, NEG_INF_BITS, NEG_INF_BITS]
     assert reference_row(bits, ids, 9) == (exp_ids, exp_bits)
     s, i = from_bits([bits]), torch.tensor([ids], dtype=torch.int32)
@@ -93,15 +96,16 @@ def test_reference_on_hand_example():
 
 
 def test_keys_rank_specials_in_order():
-    # descending order of classes; within a class, equal keys up to the id part
+    # strictly descending keys for one id; every NaN ties
     ordered = [f32_bits(math.inf), 0x7F7FFFFF, f32_bits(1.0), 0x00000001, f32_bits(0.0),
-               0x80000001, f32_bits(-1.0), 0xFF7FFFFF, f32_bits(-math.inf), 0x7FC00000]
+               f32_bits(-0.0), 0x80000001, f32_bits(-1.0), 0xFF7FFFFF, f32_bits(-math.inf),
+               0x7FC00000]
     s = from_bits([ordered])
     keys = order_keys(s, torch.full((1, len(ordered)), 7, dtype=torch.int32))[0].tolist()
     assert all(a > b for a, b in zip(keys, keys[1:])), keys
-    same = from_bits([[f32_bits(0.0), f32_bits(-0.0), 0x7FC00000, 0xFFFFFFFF, 0x7F800001]])
-    k2 = order_keys(same, torch.full((1, 5), 3, dtype=torch.int32))[0].tolist()
-    assert k2[0] == k2[1] and k2[2] == k2[3] == k2[4] and k2[1] > k2[2]
+    nans = from_bits([[0x7FC00000, 0xFFFFFFFF, 0x7F800001, 0xFFC00000]])
+    k2 = order_keys(nans, torch.full((1, 4), 3, dtype=torch.int32))[0].tolist()
+    assert len(set(k2)) == 1 and k2[0] < keys[-2]
 
 
 def test_tied_scores_break_by_lower_id_and_padding_fills():
