@@ -44,7 +44,7 @@ def _call(comp: str, s, i, k: int, g: str):
     return ops.select_owner(s, i, k, g, False, comp.split("/")[1])[0]
 
 
-def _bench_rank(rank, world, qs, c, k, warmup, iters, backend="gloo"):
+def _bench_rank(rank, world, qs, c, k, warmup, iters, backend="gloo", graph=False):
     import torch.distributed as dist
 
     import tpflare  # noqa: F401
@@ -66,25 +66,34 @@ def _bench_rank(rank, world, qs, c, k, warmup, iters, backend="gloo"):
                 raise AssertionError(f"{comp} ids differ from replicated at Q={q}")
             for _ in range(warmup):
                 _call(comp, s, i, k, g)
+            step = lambda: _call(comp, s, i, k, g)  # noqa: E731
+            if graph:                                # time CUDA-graph replays instead
+                sync()
+                cg = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(cg):
+                    _call(comp, s, i, k, g)
+                step = cg.replay
+                for _ in range(warmup):
+                    step()
             times = []
             for _ in range(iters):
                 sync()
                 dist.barrier()
                 sync()
                 t0 = time.perf_counter()
-                _call(comp, s, i, k, g)
+                step()
                 sync()
                 times.append(time.perf_counter() - t0)
             out[(q, comp)] = times
     return out
 
 
-def run(worlds, qs, c, k, warmup, iters, timeout, backend="gloo"):
+def run(worlds, qs, c, k, warmup, iters, timeout, backend="gloo", graph=False):
     from tpflare.testing import run_ranks
 
     rows = []
     for world in worlds:
-        per_rank = run_ranks(_bench_rank, world, (tuple(qs), c, k, warmup, iters, backend),
+        per_rank = run_ranks(_bench_rank, world, (tuple(qs), c, k, warmup, iters, backend, graph),
                              timeout=timeout, backend=backend)
         for q in qs:
             for comp in COMPOSITIONS:
@@ -117,13 +126,18 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                    help="nccl: CUDA tensors, one GPU per rank (GPU machine)")
+    p.add_argument("--graph", action="store_true",
+                   help="with nccl: capture each composition in a CUDA graph and time replays")
     a = p.parse_args(argv)
-    rows = run(a.worlds, a.qs, a.c, a.k, a.warmup, a.iters, a.timeout, a.backend)
+    if a.graph and a.backend != "nccl":
+        p.error("--graph needs --backend nccl")
+    rows = run(a.worlds, a.qs, a.c, a.k, a.warmup, a.iters, a.timeout, a.backend, a.graph)
     print(table(rows))
     meta = dict(command=" ".join([sys.executable.rsplit("/", 1)[-1]] + sys.argv),
                 torch=torch.__version__, machine=platform.machine(), python=platform.python_version(),
                 cpus=__import__("os").cpu_count(), backend=a.backend, threads_per_rank=1,
-                gpu=torch.cuda.get_device_name() if a.backend == "nccl" else None)
+                gpu=torch.cuda.get_device_name() if a.backend == "nccl" else None,
+                cuda_graph=a.graph)
     with open(a.json, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     return 0
