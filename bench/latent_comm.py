@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 
@@ -37,41 +36,12 @@ import torch
 BF16 = torch.bfloat16
 
 
-def _timer(device: torch.device):
-    import torch.distributed as dist
-
-    def median_ms(fn, warmup: int, iters: int, before=None) -> float:
-        for _ in range(warmup):
-            if before is not None:
-                before()
-            fn()
-        times = []
-        for _ in range(iters):
-            if before is not None:
-                before()
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-
-    return median_ms
-
-
 def rank_fn(rank: int, world: int, cfg: dict) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
 
     import tpflare  # noqa: F401  registers torch.ops.tpflare.*
+    from tpflare.demo import median_ms
     from tpflare.distributed import group_name_of
     from tpflare.ops.gather import column_gather_reference_layout
 
@@ -81,7 +51,9 @@ def rank_fn(rank: int, world: int, cfg: dict) -> dict:
     n, k = cfg["n"], cfg["k"]
     ns, ks = n // world, k // world
     g = torch.Generator().manual_seed(100 + rank)
-    median_ms = _timer(device)
+
+    def timed(fn, warmup, iters, before=None):
+        return median_ms(fn, warmup, iters, device, before)
     out: dict = {"comm": [], "site": []}
     for m in cfg["rows"]:
         src = torch.randn(m, n, generator=g).to(BF16).to(device)
@@ -97,11 +69,11 @@ def rank_fn(rank: int, world: int, cfg: dict) -> dict:
         w, it = cfg["warmup"], cfg["iters"]
         t = dict(
             M=m, N=n, W=world, check_block=mine, check_functional_equals_op=same,
-            all_reduce=median_ms(lambda: dist.all_reduce(buf), w, it, before=lambda: buf.copy_(src)),
-            column_gather=median_ms(lambda: torch.ops.tpflare.column_gather(block, world, gname), w, it),
-            functional_ag=median_ms(
+            all_reduce=timed(lambda: dist.all_reduce(buf), w, it, before=lambda: buf.copy_(src)),
+            column_gather=timed(lambda: torch.ops.tpflare.column_gather(block, world, gname), w, it),
+            functional_ag=timed(
                 lambda: c10d.wait_tensor(c10d.all_gather_into_tensor(block_t, world, gname)), w, it),
-            gather_layout_copy=median_ms(lambda: column_gather_reference_layout(block_c, world, gname), w, it),
+            gather_layout_copy=timed(lambda: column_gather_reference_layout(block_c, world, gname), w, it),
         )
         out["comm"].append(t)
     for m in cfg["site_rows"]:
@@ -120,10 +92,10 @@ def rank_fn(rank: int, world: int, cfg: dict) -> dict:
             return c10d.wait_tensor(c10d.all_gather_into_tensor(yt, world, gname)).t()
 
         w, it = cfg["site_warmup"], cfg["site_iters"]
-        out["site"].append(dict(M=m, N=n, K=k, W=world, original=median_ms(original, w, it),
-                                rewritten=median_ms(rewritten, w, it),
-                                gemm_kslice=median_ms(lambda: F.linear(x[:, rank * ks:(rank + 1) * ks], w_col), w, it),
-                                gemm_rows=median_ms(lambda: torch.mm(w_rows, x.t()), w, it)))
+        out["site"].append(dict(M=m, N=n, K=k, W=world, original=timed(original, w, it),
+                                rewritten=timed(rewritten, w, it),
+                                gemm_kslice=timed(lambda: F.linear(x[:, rank * ks:(rank + 1) * ks], w_col), w, it),
+                                gemm_rows=timed(lambda: torch.mm(w_rows, x.t()), w, it)))
     out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return out
 

@@ -76,26 +76,31 @@ def _bits_identical_across_ranks(t: torch.Tensor) -> bool:
     return all(torch.equal(everyone[0], o) for o in everyone)
 
 
-def _median_ms(fn, x: torch.Tensor, warmup: int, iters: int) -> float:
-    """Median ms per call of a collective fn: warm-up, then a barrier before each timed call."""
+def median_ms(fn, warmup: int, iters: int, device: torch.device, before=None) -> float:
+    """Median ms per call of a collective ``fn()`` on this rank: warm-up, then a barrier
+    before each timed call (``before()``, untimed, runs ahead of each call); CUDA events on GPU."""
     import torch.distributed as dist
 
     for _ in range(warmup):
-        fn(x)
+        if before is not None:
+            before()
+        fn()
     times = []
     for _ in range(iters):
+        if before is not None:
+            before()
         dist.barrier()
-        if x.is_cuda:
+        if device.type == "cuda":
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn(x)
+            fn()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
-            fn(x)
+            fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -136,8 +141,8 @@ def core(rank: int, world: int, cfg: DemoConfig) -> dict[str, Any]:
             out_dec = cm(x_dec) if on or cfg.decode_both_paths else None
             compile_s = time.perf_counter() - t0
             n_compiled = len(tpflare.report())
-            pre_ms = _median_ms(lambda t: cm(t, with_latent=True), x_pre, cfg.warmup, cfg.iters)
-            dec_ms = (_median_ms(cm, x_dec, cfg.warmup, cfg.iters)
+            pre_ms = median_ms(lambda: cm(x_pre, with_latent=True), cfg.warmup, cfg.iters, device)
+            dec_ms = (median_ms(lambda: cm(x_dec), cfg.warmup, cfg.iters, device)
                       if on or cfg.decode_both_paths else float("nan"))
         recs = [{k: v for k, v in r.items() if k != "time"} for r in tpflare.report()]
         res["paths"][path] = dict(
