@@ -90,12 +90,18 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _default_num_warps(block: int) -> int:
-    if block <= 4096:
-        return 4
-    if block <= 16384:
-        return 8
-    return 16
+RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
+
+
+def _launch_config(block: int, num_warps=None, chunk=None, resident=None):
+    """(num_warps, chunk, resident) for a row of ``block`` (a power of two) candidates."""
+    if resident is None:
+        resident = block <= RESIDENT_MAX
+    if num_warps is None:
+        num_warps = max(4, min(16, block // 1024)) if resident else 16
+    if chunk is None:
+        chunk = 256 * num_warps
+    return int(num_warps), min(block, int(chunk)), bool(resident)
 
 
 if _HAVE_TRITON:
@@ -162,49 +168,89 @@ if _HAVE_TRITON:
         return tl.reshape(h, x.shape), tl.reshape(hp, p.shape)
 
     @triton.jit
+    def _digit(s, p: tl.constexpr):
+        # p-th 8-bit digit (most significant first) of an int32 key, as an unsigned digit
+        d = (s >> (24 - 8 * p)) & 255
+        if p == 0:
+            d = d ^ 128
+        return d
+
+    @triton.jit
+    def _prefix_is(s, t, p: tl.constexpr):
+        # do the digits above digit p of key s equal the prefix t (raw bits)?
+        return ((s >> (32 - 8 * p)) & ((1 << (8 * p)) - 1)) == t
+
+    @triton.jit
+    def _extend(t, dd, p: tl.constexpr):
+        if p == 0:
+            t = dd ^ 128
+        else:
+            t = (t << 8) | dd
+        return t
+
+    @triton.jit
     def _ordered_select_kernel(
         sc_ptr, id_ptr, oid_ptr, osc_ptr, wk_ptr, wv_ptr,
         N, K, s_sq, s_iq, s_oi, s_os,
         BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, LOG_KB: tl.constexpr,
+        RESIDENT: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
         wk_row = wk_ptr + row * KB
         wv_row = wv_ptr + row * KB
+        bins = tl.arange(0, 256)
 
-        # ---- the row's score keys, in registers --------------------------------
-        offs = tl.arange(0, BLOCK)
-        inb = offs < N
-        bits = tl.load(sc_row + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
-        idv = tl.load(id_row + offs, mask=inb, other=-1)
-        s = _score_key(bits, idv)
-        valid = s != -2147483648
-        nvalid = tl.sum(valid.to(tl.int32), 0)
-        nsel = tl.minimum(nvalid, K)
-
-        # ---- phase 1: radix select of the nsel-th largest score key -------------
-        rem = nsel
-        t = nsel * 0
-        cnt = nsel * 0
-        for p in tl.static_range(4):
-            d = (s >> (24 - 8 * p)) & 255
-            if p == 0:
-                d = d ^ 128  # the top byte of a signed key, as an unsigned digit
-                m = valid
-            else:
-                m = valid & (((s >> (32 - 8 * p)) & ((1 << (8 * p)) - 1)) == t)
-            h = tl.histogram(d, 256, mask=m)
-            dd, above, cnt = _pick_digit(h, rem, 256)
-            rem = rem - above
-            if p == 0:
-                t = dd ^ 128
-            else:
-                t = (t << 8) | dd
-        T = t  # score key of the cutoff; rem of the cnt candidates with s == T are needed
+        # ---- phase 1: radix select of the nsel-th largest score key --------------
+        # after it: T = the cutoff score key; rem of the cnt candidates with s == T are needed
+        if RESIDENT:  # the row's score keys stay in registers for the four passes
+            offs = tl.arange(0, BLOCK)
+            inb = offs < N
+            bits = tl.load(sc_row + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
+            s = _score_key(bits, tl.load(id_row + offs, mask=inb, other=-1))
+            nvalid = tl.sum((s != -2147483648).to(tl.int32), 0)
+            nsel = tl.minimum(nvalid, K)
+            rem = nsel
+            t = nsel * 0
+            cnt = nvalid
+            for p in tl.static_range(4):
+                d = _digit(s, p)
+                if p > 0:
+                    d = tl.where(_prefix_is(s, t, p), d, 0)
+                # every key not in play (invalid, or another prefix) landed in bin 0: take them out
+                h = tl.histogram(d, 256)
+                h = tl.where(bins == 0, h - (BLOCK - cnt), h)
+                dd, above, cnt = _pick_digit(h, rem, 256)
+                rem = rem - above
+                t = _extend(t, dd, p)
+        else:  # chunks re-read from memory (L2) on every pass
+            nvalid = tl.zeros((), tl.int32)
+            for c0 in range(0, N, CHUNK):
+                o = c0 + tl.arange(0, CHUNK)
+                nvalid += tl.sum((tl.load(id_row + o, mask=o < N, other=-1) >= 0).to(tl.int32), 0)
+            nsel = tl.minimum(nvalid, K)
+            rem = nsel
+            t = nsel * 0
+            cnt = nvalid
+            for p in tl.static_range(4):
+                h = tl.zeros([256], dtype=tl.int32)
+                for c0 in range(0, N, CHUNK):
+                    o = c0 + tl.arange(0, CHUNK)
+                    mc = o < N
+                    b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
+                    sc = _score_key(b, tl.load(id_row + o, mask=mc, other=-1))
+                    m = sc != -2147483648
+                    if p > 0:
+                        m = m & _prefix_is(sc, t, p)
+                    h += tl.histogram(_digit(sc, p), 256, mask=m)
+                dd, above, cnt = _pick_digit(h, rem, 256)
+                rem = rem - above
+                t = _extend(t, dd, p)
+        T = t
 
         # ---- phase 2 (ties at the cutoff score): radix select on the ids ---------
-        V = nsel * 0 - 1  # id key cutoff: -1 takes every tied candidate
+        V = nsel * 0 - 1  # id-key cutoff: -1 takes every tied candidate
         rem2 = nsel * 0
         if rem < cnt:
             vt = nsel * 0
@@ -219,17 +265,17 @@ if _HAVE_TRITON:
                     tie = _score_key(b, i) == T
                     v = 2147483647 - tl.maximum(i, 0)
                     if p > 0:
-                        tie = tie & (((v >> (32 - 8 * p)) & ((1 << (8 * p)) - 1)) == vt)
-                    h2 += tl.histogram((v >> (24 - 8 * p)) & 255, 256, mask=tie)
+                        tie = tie & _prefix_is(v, vt, p)
+                    h2 += tl.histogram(_digit(v, p), 256, mask=tie)
                 dd2, above2, cnt2 = _pick_digit(h2, r2, 256)
                 r2 = r2 - above2
-                vt = (vt << 8) | dd2
+                vt = _extend(vt, dd2, p)
             V = vt
-            rem2 = r2  # candidates with s == T and id key == V still needed (position order)
+            rem2 = r2  # candidates with s == T and id key == V still needed, in position order
 
         # ---- compaction: winners to consecutive workspace slots ------------------
-        base = nsel * 0
-        tbase = nsel * 0
+        abase = nsel * 0  # definite winners so far
+        tbase = nsel * 0  # (s == T, id key == V) candidates seen so far
         for c0 in range(0, N, CHUNK):
             o = c0 + tl.arange(0, CHUNK)
             mc = o < N
@@ -237,14 +283,18 @@ if _HAVE_TRITON:
             i = tl.load(id_row + o, mask=mc, other=-1)
             sk = _score_key(b, i)
             v = 2147483647 - tl.maximum(i, 0)
-            ok = sk != -2147483648
-            tie = ok & (sk == T)
-            dup = tie & (v == V)
-            drank = tbase + tl.cumsum(dup.to(tl.int32), 0)
-            take = (ok & (sk > T)) | (tie & (v > V)) | (dup & (drank <= rem2))
-            tbase += tl.sum(dup.to(tl.int32), 0)
-            slot = base + tl.cumsum(take.to(tl.int32), 0) - 1
-            base += tl.sum(take.to(tl.int32), 0)
+            tie = (sk == T) & (sk != -2147483648)
+            a = ((sk > T) | (tie & (v > V))).to(tl.int32)  # sk > T implies valid
+            dup = (tie & (v == V)).to(tl.int32)
+            packed = a + (dup << 16)  # one scan for both counts (a chunk holds < 2**16)
+            incl = tl.cumsum(packed, 0)
+            a_incl = incl & 0xFFFF
+            d_incl = tbase + (incl >> 16)
+            take = (a != 0) | ((dup != 0) & (d_incl <= rem2))
+            slot = abase + a_incl + tl.minimum(d_incl, rem2) - 1
+            tot = tl.sum(packed, 0)
+            abase += tot & 0xFFFF
+            tbase += tot >> 16
             key = ((sk ^ -2147483648).to(tl.int64) & 0xFFFFFFFF) << 31 | v.to(tl.int64)
             wmask = take & (slot < KB)
             tl.store(wk_row + slot, key, mask=wmask)
@@ -267,12 +317,14 @@ if _HAVE_TRITON:
 
 
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
-                          num_warps: int | None = None, chunk: int | None = None):
+                          num_warps: int | None = None, chunk: int | None = None,
+                          resident: bool | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
     device. No host synchronisation; safe to capture in a CUDA graph (after a first,
-    compiling call outside capture). ``num_warps``/``chunk`` are tuning knobs for benchmarks.
+    compiling call outside capture). ``num_warps``, ``chunk`` and ``resident`` are tuning
+    knobs for benchmarks (defaults: ``_launch_config``).
     """
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
@@ -298,14 +350,13 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         ids = ids.contiguous()
     block = max(16, _next_pow2(n))
     kb = max(2, _next_pow2(k))
-    chunk = min(block, int(chunk) if chunk else 4096)
-    nw = int(num_warps) if num_warps else _default_num_warps(block)
+    nw, chunk, resident = _launch_config(block, num_warps, chunk, resident)
     wk = torch.empty((q, kb), dtype=torch.int64, device=scores.device)
     wv = torch.empty((q, kb), dtype=torch.int32, device=scores.device)
     _ordered_select_kernel[(q,)](
         scores, ids, out_ids, out_sc, wk, wv,
         n, k, scores.stride(0), ids.stride(0), out_ids.stride(0), out_sc.stride(0),
-        BLOCK=block, CHUNK=chunk, KB=kb, LOG_KB=kb.bit_length() - 1,
+        BLOCK=block, CHUNK=chunk, KB=kb, LOG_KB=kb.bit_length() - 1, RESIDENT=resident,
         num_warps=nw,
     )
     return out_ids, out_sc

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 import sys
 
 import pytest
@@ -98,10 +97,6 @@ def ref_python(scores: torch.Tensor, ids: torch.Tensor, k: int):
 
 
 # --------------------------------------------------------------------------- inputs
-def _nan(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
-
-
 def make_case(kind: str, q: int, n: int, k: int, seed: int, device: str = "cpu"):
     """Inputs on ``device`` (made there: large cases are quick on a GPU)."""
     with torch.device(device):
@@ -121,8 +116,10 @@ def _make_case(kind, q, n, k, seed, device):
     elif kind == "equal":
         scores = torch.full((q, n), 1.5)
     elif kind == "special":
-        specials = torch.tensor([float("inf"), float("-inf"), 0.0, -0.0, _nan(0x7FC00000),
-                                 _nan(0xFFC00001), _nan(0x7F800001), _nan(0xFFFFFFFF), 1.0, -1.0])
+        # bit patterns: +-inf, +-0, quiet and signalling NaNs of both signs, +-1, +-tiny
+        bits = [0x7F800000, 0xFF800000, 0x00000000, 0x80000000, 0x7FC00000, 0xFFC00001,
+                0x7F800001, 0xFFFFFFFF, 0x3F800000, 0xBF800000, 0x00000001, 0x80000001]
+        specials = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32).view(torch.float32)
         pick = torch.randint(0, len(specials), (q, n), generator=g)
         mix = torch.rand(q, n, generator=g) < 0.7
         scores = torch.where(mix, specials[pick], scores)
@@ -156,9 +153,9 @@ def check_equal(got, ref, what=""):
     assert sb.numel() == 0, f"{what}: {sb.shape[0]} score-bit mismatches, first at {sb[0].tolist()}"
 
 
-def run_kernel(scores, ids, k):
+def run_kernel(scores, ids, k, **config):
     dev = _device()
-    return sk.triton_ordered_select(scores.to(dev), ids.to(dev), k)
+    return sk.triton_ordered_select(scores.to(dev), ids.to(dev), k, **config)
 
 
 # --------------------------------------------------------------------------- tests
@@ -172,12 +169,18 @@ def test_references_agree():
             check_equal(ref_packed(scores, ids, k), ref_python(scores, ids, k), f"refs {kind} n={n} k={k}")
 
 
+SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
+
+
+@pytest.mark.parametrize("resident", [None, False], ids=["default", "chunked"])
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n,k", [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)])
-def test_small_against_python(kind, n, k):
+@pytest.mark.parametrize("n,k", SMALL)
+def test_small_against_python(kind, n, k, resident):
+    """Both phase-1 variants (keys in registers / chunks re-read) against a plain sort."""
     _require_kernel()
     scores, ids = make_case(kind, 2, n, k, seed=7)
-    check_equal(run_kernel(scores, ids, k), ref_python(scores, ids, k), f"{kind} n={n} k={k}")
+    got = run_kernel(scores, ids, k, resident=resident)
+    check_equal(got, ref_python(scores, ids, k), f"{kind} n={n} k={k} resident={resident}")
 
 
 ROWS = [1, 7, 64, 1024]
