@@ -36,6 +36,8 @@ def make_case(name: str, world: int, q: int, c: int, seed: int):
         bits = [list(rows[j % q]) for j in range(world * q)]
     elif name == "specials":
         bits = [[rng.choice(special_bits) for _ in range(c)] for _ in range(world * q)]
+        for row in bits:            # both zeros in every row: +0.0 must rank above -0.0
+            row[0], row[-1] = struct_bits(0.0), struct_bits(-0.0)
     else:
         raise ValueError(name)
     ids = rng.sample(range(0, 2 ** 31 - 1), n) if rng.random() < 0.5 else rng.sample(range(n * 2), n)
