@@ -79,7 +79,7 @@ def check_candidates(scores: Tensor, ids: Tensor, k: int, where: str,
                          f"{tuple(scores.shape)}")
     if ids.device != scores.device:
         raise ValueError(f"{where}: ids on {ids.device} but scores on {scores.device}")
-    if isinstance(k, bool) or not isinstance(k, int):
+    if isinstance(k, bool) or not isinstance(k, (int, torch.SymInt)):
         raise ValueError(f"{where}: k must be an int, got {k!r}")
     n = scores.shape[1] if n_total is None else n_total
     if k < 1 or (upper and k > n):

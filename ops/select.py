@@ -164,17 +164,25 @@ def _replicated(scores: Tensor, ids: Tensor, k: int, group_name: str, with_score
     return out_ids, (out_scores if with_scores else _no_scores(scores))
 
 
-@torch.library.custom_op("tpflare::select_replicated", mutates_args=())
-def select_replicated(scores: Tensor, ids: Tensor, k: int, group_name: str,
-                      with_scores: bool) -> tuple[Tensor, Tensor]:
-    """All-gather every rank's candidates; every rank selects every row."""
-    return _replicated(scores, ids, k, group_name, with_scores, "select_replicated")
+def _replicated_op(name: str, doc: str):
+    """Register ``tpflare::<name>`` as the replicated composition (with its fake impl)."""
+    def impl(scores: Tensor, ids: Tensor, k: int, group_name: str,
+             with_scores: bool) -> tuple[Tensor, Tensor]:
+        return _replicated(scores, ids, k, group_name, with_scores, name)
+
+    impl.__doc__ = doc
+    op = torch.library.custom_op(f"tpflare::{name}", impl, mutates_args=())
+
+    @op.register_fake
+    def _(scores, ids, k, group_name, with_scores):
+        _fake_check(scores, ids, k, group_name, name)
+        return _fake_outputs(scores, ids, k, with_scores)
+
+    return op
 
 
-@select_replicated.register_fake
-def _(scores, ids, k, group_name, with_scores):
-    _fake_check(scores, ids, k, group_name, "select_replicated")
-    return _fake_outputs(scores, ids, k, with_scores)
+select_replicated = _replicated_op(
+    "select_replicated", "All-gather every rank's candidates; every rank selects every row.")
 
 
 # --- exact id replication ----------------------------------------------------------------
@@ -249,17 +257,8 @@ def _(scores, ids, k, group_name, with_scores, id_replication):
 
 
 # --- model-facing op --------------------------------------------------------------------
-@torch.library.custom_op("tpflare::select", mutates_args=())
-def select(scores: Tensor, ids: Tensor, k: int, group_name: str,
-           with_scores: bool) -> tuple[Tensor, Tensor]:
-    """Global top-k candidates on every rank (eager: the replicated composition)."""
-    return _replicated(scores, ids, k, group_name, with_scores, "select")
-
-
-@select.register_fake
-def _(scores, ids, k, group_name, with_scores):
-    _fake_check(scores, ids, k, group_name, "select")
-    return _fake_outputs(scores, ids, k, with_scores)
+select = _replicated_op(
+    "select", "Global top-k candidates on every rank (eager: the replicated composition).")
 
 
 def select_topk(scores: Tensor, ids: Tensor, k: int, group: Any = None,
