@@ -15,6 +15,7 @@ Per Dynamo graph, on every rank in lockstep:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import logging
 from typing import Any, Sequence
@@ -133,7 +134,7 @@ def _prepare_latent_gather(gm: fx.GraphModule, example_inputs: list, settings: S
     groups: dict[str, tuple[int, int]] = {}
     rows_for_input: dict[int, RowSource] = {}
     extra: list[torch.Tensor] = []
-    guarded: list[torch.Tensor] = []
+    bindings: list[RowBinding] = []
     candidates = _weight_candidates(gm, example_inputs, settings) if settings.latent_gather else []
     for _idx, _name, g, _n, _r in candidates:
         groups.setdefault(g, (group_rank(g), group_size(g)))
@@ -170,7 +171,7 @@ def _prepare_latent_gather(gm: fx.GraphModule, example_inputs: list, settings: S
             continue
         row_idx = _add_input(gm, f"tpflare_rows_{idx}", rows)
         extra.append(rows)
-        guarded.append(col)
+        bindings.append(RowBinding(idx, col, rows, name, g, world, settings.latent_gather_reshard == "auto"))
         rows_for_input[idx] = RowSource(row_idx, "", origin, added)
     plan = LatentGatherPlan(
         enabled=settings.latent_gather, align=settings.latent_gather_align,
@@ -180,7 +181,7 @@ def _prepare_latent_gather(gm: fx.GraphModule, example_inputs: list, settings: S
         rows_for_input=rows_for_input, graph_id=graph_id)
     if extra:
         gm.recompile()
-    return plan, extra, guarded
+    return plan, extra, bindings
 
 
 def _all_groups_of(gm: fx.GraphModule) -> dict[str, tuple[int, int]]:
@@ -232,7 +233,7 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
     work = _copy_graph_module(gm)
     inputs = list(example_inputs)
     _bind_selection(work, inputs, settings, graph_id)
-    plan, extra, guarded = _prepare_latent_gather(work, inputs, settings, graph_id)
+    plan, extra, bindings = _prepare_latent_gather(work, inputs, settings, graph_id)
     if not plan.world_of_group:  # report-only plan for sites the scan did not provision
         groups = _all_groups_of(work)
         plan = type(plan)(**{**plan.__dict__, "rank_in_group": {g: v[0] for g, v in groups.items()},
@@ -246,13 +247,51 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
     compiled = compile_fx(work, inputs + extra, config_patches=patches)
     if not extra:
         return compiled
-    return _with_extra_inputs(compiled, extra, guarded)
+    return _with_row_inputs(compiled, bindings)
 
 
-def _with_extra_inputs(compiled, extra: list[torch.Tensor], guarded: list[torch.Tensor]):
+@dataclasses.dataclass(frozen=True)
+class RowBinding:
+    """Input ``col_index`` (a column shard) is served by the appended input ``rows``."""
+
+    col_index: int
+    col: torch.Tensor
+    rows: torch.Tensor
+    name: str
+    group_name: str
+    world: int
+    may_reshard: bool
+
+    def rows_for(self, col: torch.Tensor) -> torch.Tensor:
+        """The row shard for the column weight this call actually passes.
+
+        Dynamo may serve one compiled graph to another module instance (weights
+        are graph inputs, not guards): its row shard is looked up (registered or
+        resharded earlier) or resharded now — a collective that every rank makes
+        at the same call, since every rank runs the same model.
+        """
+        if col is self.col:
+            return self.rows
+        entry = row_shards.lookup(col)
+        expect = (col.shape[0] // self.world, col.shape[1] * self.world)
+        if entry is not None and tuple(entry.rows.shape) == expect and entry.rows.dtype == col.dtype:
+            return entry.rows
+        if not self.may_reshard:
+            from .errors import TpflareError
+
+            raise TpflareError(
+                f"tpflare latent gather: a compiled graph is called with another weight at input "
+                f"{self.name} that has no registered row shard (and TPFLARE_LATENT_GATHER_RESHARD=never); "
+                "call tpflare.register_row_shard for it")
+        return row_shards.resharded(col, self.name, self.world, self.group_name)[0]
+
+
+def _with_row_inputs(compiled, bindings: list[RowBinding]):
     def run(*args):
-        row_shards.check_fresh(guarded)
-        return compiled(*args, *extra)
+        cols = [args[b.col_index] for b in bindings]
+        rows = [b.rows_for(c) for b, c in zip(bindings, cols)]
+        row_shards.check_fresh(cols)
+        return compiled(*args, *rows)
 
     return run
 

@@ -179,3 +179,30 @@ def test_bad_row_shard_registration_names_tensor_and_shape():
     res = run_ranks(_bad_registration, 2, timeout=60)
     for msg in res:
         assert "latent_down_rows" in msg and "expected (64, 96)" in msg, msg
+
+
+def _two_instances(rank, world):
+    import torch._inductor.config as ic
+
+    import tpflare
+    from tpflare.demo_model import LatentMoETP, LatentMoEWeights
+
+    ic.fx_graph_cache = False
+    fa = LatentMoEWeights.create(256, 128, 4, 128, seed=0)
+    fb = LatentMoEWeights.create(256, 128, 4, 128, seed=1)
+    a, b = LatentMoETP(fa, rank, world), LatentMoETP(fb, rank, world)
+    a.register_row_shards()            # b is not registered: resharded when first called
+    x = fa.inputs(16)
+    with tpflare.config.patch(latent_gather=True), torch.no_grad():
+        _, la, _ = torch.compile(a, backend="tpflare", dynamic=False, fullgraph=True)(x, with_latent=True)
+        _, lb, _ = torch.compile(b, backend="tpflare", dynamic=False, fullgraph=True)(x, with_latent=True)
+    want_a = (x.float() @ fa.latent_down.float().T).bfloat16()
+    want_b = (x.float() @ fb.latent_down.float().T).bfloat16()
+    return dict(a_err=(la.float() - want_a.float()).abs().max().item(),
+                b_err=(lb.float() - want_b.float()).abs().max().item())
+
+
+def test_graph_reused_by_another_instance_uses_its_own_row_shard():
+    """Dynamo serves one compiled graph to a second instance (weights are inputs, not guards)."""
+    for r in run_ranks(_two_instances, 2, timeout=180):
+        assert r["a_err"] < 0.02 and r["b_err"] < 0.02, r
