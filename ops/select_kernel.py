@@ -189,6 +189,34 @@ if _HAVE_TRITON:
         return t
 
     @triton.jit
+    def _load_chunk(sc_row, id_row, c0, N, CHUNK: tl.constexpr):
+        o = c0 + tl.arange(0, CHUNK)
+        mc = o < N
+        b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
+        i = tl.load(id_row + o, mask=mc, other=-1)
+        return b, i
+
+    @triton.jit
+    def _chunked_histogram(sc_row, id_row, N, T, t, p: tl.constexpr, CHUNK: tl.constexpr, IDS: tl.constexpr):
+        # histogram of digit p, over the row re-read in chunks, of the score keys of the
+        # valid candidates (IDS=False) or of the id keys (0x7fffffff - id) of the candidates
+        # whose score key is T (IDS=True), among those whose higher digits equal t
+        h = tl.zeros([256], dtype=tl.int32)
+        for c0 in range(0, N, CHUNK):
+            b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
+            sc = _score_key(b, i)
+            if IDS:
+                m = sc == T
+                x = 2147483647 - tl.maximum(i, 0)
+            else:
+                m = sc != -2147483648
+                x = sc
+            if p > 0:
+                m = m & _prefix_is(x, t, p)
+            h += tl.histogram(_digit(x, p), 256, mask=m)
+        return h
+
+    @triton.jit
     def _ordered_select_kernel(
         sc_ptr, id_ptr, oid_ptr, osc_ptr, wk_ptr, wv_ptr,
         N, K, s_sq, s_iq, s_oi, s_os,
@@ -227,23 +255,14 @@ if _HAVE_TRITON:
         else:  # chunks re-read from memory (L2) on every pass
             nvalid = tl.zeros((), tl.int32)
             for c0 in range(0, N, CHUNK):
-                o = c0 + tl.arange(0, CHUNK)
-                nvalid += tl.sum((tl.load(id_row + o, mask=o < N, other=-1) >= 0).to(tl.int32), 0)
+                b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
+                nvalid += tl.sum((i >= 0).to(tl.int32), 0)
             nsel = tl.minimum(nvalid, K)
             rem = nsel
             t = nsel * 0
             cnt = nvalid
             for p in tl.static_range(4):
-                h = tl.zeros([256], dtype=tl.int32)
-                for c0 in range(0, N, CHUNK):
-                    o = c0 + tl.arange(0, CHUNK)
-                    mc = o < N
-                    b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
-                    sc = _score_key(b, tl.load(id_row + o, mask=mc, other=-1))
-                    m = sc != -2147483648
-                    if p > 0:
-                        m = m & _prefix_is(sc, t, p)
-                    h += tl.histogram(_digit(sc, p), 256, mask=m)
+                h = _chunked_histogram(sc_row, id_row, N, 0, t, p, CHUNK, False)
                 dd, above, cnt = _pick_digit(h, rem, 256)
                 rem = rem - above
                 t = _extend(t, dd, p)
@@ -256,17 +275,7 @@ if _HAVE_TRITON:
             vt = nsel * 0
             r2 = rem
             for p in tl.static_range(4):
-                h2 = tl.zeros([256], dtype=tl.int32)
-                for c0 in range(0, N, CHUNK):
-                    o = c0 + tl.arange(0, CHUNK)
-                    mc = o < N
-                    b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
-                    i = tl.load(id_row + o, mask=mc, other=-1)
-                    tie = _score_key(b, i) == T
-                    v = 2147483647 - tl.maximum(i, 0)
-                    if p > 0:
-                        tie = tie & _prefix_is(v, vt, p)
-                    h2 += tl.histogram(_digit(v, p), 256, mask=tie)
+                h2 = _chunked_histogram(sc_row, id_row, N, T, vt, p, CHUNK, True)
                 dd2, above2, cnt2 = _pick_digit(h2, r2, 256)
                 r2 = r2 - above2
                 vt = _extend(vt, dd2, p)
@@ -277,10 +286,7 @@ if _HAVE_TRITON:
         abase = nsel * 0  # definite winners so far
         tbase = nsel * 0  # (s == T, id key == V) candidates seen so far
         for c0 in range(0, N, CHUNK):
-            o = c0 + tl.arange(0, CHUNK)
-            mc = o < N
-            b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
-            i = tl.load(id_row + o, mask=mc, other=-1)
+            b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
             sk = _score_key(b, i)
             v = 2147483647 - tl.maximum(i, 0)
             tie = (sk == T) & (sk != -2147483648)
