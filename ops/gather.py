@@ -21,6 +21,9 @@ from torch import Tensor
 
 from tpflare.distributed import group_rank, group_size, resolve_group
 
+# all_gather_single replaces the deprecated all_gather_into_tensor in newer torch
+_all_gather_base = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def _check_world(world: int, group_name: str, op: str) -> None:
     actual = group_size(group_name)
@@ -37,7 +40,7 @@ def column_gather(x: Tensor, world: int, group_name: str) -> Tensor:
     m, n = x.shape
     xt = x.t().contiguous()  # no-op when x is the transpose of a contiguous [n, M]
     out = x.new_empty((world * n, m))
-    dist.all_gather_into_tensor(out, xt, group=resolve_group(group_name))
+    _all_gather_base(out, xt, group=resolve_group(group_name))
     return out.t()
 
 
@@ -77,7 +80,7 @@ def column_gather_reference_layout(x: Tensor, world: int, group_name: str) -> Te
     """
     m, n = x.shape
     out = x.new_empty((world * m, n))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=resolve_group(group_name))
+    _all_gather_base(out, x.contiguous(), group=resolve_group(group_name))
     return out.view(world, m, n).permute(1, 0, 2).reshape(m, world * n)
 
 

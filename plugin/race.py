@@ -126,13 +126,17 @@ def make_candidates(q: int, c: int, rank: int, world: int, seed: int, pattern: s
 
 
 def reference_select(scores: torch.Tensor, ids: torch.Tensor, k: int):
-    """Independent reference: stable lexicographic sort by (valid, score desc NaN lowest, id asc)."""
+    """Independent reference: stable lexicographic sort by (valid, score desc, id asc).
+
+    Scores compare under IEEE totalOrder (``-0.0`` below ``+0.0``) with every NaN
+    below ``-inf``: the fp32 bits mapped to a monotone int64, not a float compare.
+    """
     scores, ids = scores.cpu(), ids.cpu()
-    s = scores.clone()
-    s[s == 0] = 0.0                                           # -0.0 ties with +0.0
-    nan = torch.isnan(s)
+    bits = scores.view(torch.int32).to(torch.int64)
+    total = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)   # monotone in totalOrder
+    nan = torch.isnan(scores)
     order = torch.argsort(ids.to(torch.int64), dim=1, stable=True)            # id ascending
-    for key in ((-s).nan_to_num(0.0).masked_fill(nan, float("inf")),          # score descending
+    for key in (-total,                                                        # score descending
                 nan.to(torch.int8),                                            # NaN below -inf
                 (ids < 0).to(torch.int8)):                                     # valid first
         col = key.gather(1, order)

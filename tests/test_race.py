@@ -133,7 +133,9 @@ def test_reference_select_matches_plain_python_sort():
 
     def key(p):
         s, i = p
-        return (i < 0, 1 if math.isnan(s) else 0, -(0.0 if math.isnan(s) else s), i)
+        if math.isnan(s):
+            return (i < 0, 1, 0.0, 0, i)
+        return (i < 0, 0, -s, 1 if math.copysign(1.0, s) < 0 else 0, i)   # -0.0 below +0.0
 
     got, _ = reference_select(scores, ids, 12)
     for row in range(5):
