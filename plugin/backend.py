@@ -242,6 +242,11 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
 
     post_pass = TpflarePostGradPass(plan, settings.decision_hash(),
                                     chained=inductor_config.post_grad_custom_post_pass)
+    if plan.rows_for_input:
+        # always recorded, also when Inductor's FX-graph cache serves the graph and the
+        # post-grad pass (which records each site) does not run
+        reporting.record("latent_gather", "prepared", site=graph_id, row_shards={
+            i: (src.origin or None, src.reason or None) for i, src in plan.rows_for_input.items()})
     patches = _inductor_patches(mode, options)
     patches["post_grad_custom_post_pass"] = post_pass
     compiled = compile_fx(work, inputs + extra, config_patches=patches)
