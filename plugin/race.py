@@ -282,7 +282,14 @@ def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: t
     cache = CompositionCache.from_settings(settings)
     entry = cache.get(key)
     mine = entry["winner"] if entry and entry.get("winner") in by_name else None
-    seen = agree("composition cache hit/miss", mine, ranks=ranks, timeout_s=settings.prep_timeout)
+    shapes = (q, c, k, bool(with_scores))
+    both = agree("composition cache hit/miss", (shapes, mine), ranks=ranks, timeout_s=settings.prep_timeout)
+    if len({b[0] for b in both}) > 1:  # never race (or select) with mismatched sizes: gloo aborts, NCCL hangs
+        from .errors import PreparationError
+
+        raise PreparationError("tpflare selection site " + site + ": ranks disagree on (Q, C, k, with_scores): "
+                               + ", ".join(f"rank {r}: {b[0]}" for r, b in zip(ranks, both)))
+    seen = [b[1] for b in both]
     if all(s is not None for s in seen) and len(set(seen)) == 1:
         stats["cache_hits"] += 1
         d = Decision(by_name[seen[0]], "cache", key, entry.get("timings", {}), entry.get("validation", {}),
