@@ -42,12 +42,14 @@ def torch_ordered(scores: torch.Tensor, ids: torch.Tensor, k: int):
 
 
 def sweep_variants(n: int) -> dict:
-    """Kernel launch variants timed with --sweep (the default config is always timed as 'kernel')."""
-    if n <= 16384:
-        vs = [dict(chunk=2048), dict(num_warps=32), dict(resident=False), dict(resident=False, num_warps=8, chunk=2048)]
-    else:
-        vs = [dict(chunk=2048), dict(num_warps=8, chunk=2048), dict(num_warps=32)]
-    return {"kernel_" + "_".join(f"{a}{int(b)}" for a, b in v.items()): v for v in vs}
+    """Kernel launch variants timed with --sweep (the default config is always timed as 'kernel').
+
+    ``_ablate`` variants give wrong results on purpose: they time the kernel without its final
+    ordering (1) or without its radix select (2), to show where the time goes.
+    """
+    vs = [dict(split=1), dict(_ablate=1), dict(_ablate=2), dict(resident=False, num_warps=8, chunk=2048),
+          dict(resident=False, num_warps=4, chunk=1024)]
+    return {"kernel_" + "_".join(f"{a.strip('_')}{int(b)}" for a, b in v.items()): v for v in vs}
 
 
 def _compile_one(spec: str) -> str:
@@ -59,6 +61,7 @@ def _compile_one(spec: str) -> str:
     opts = dict(p.split("=") for p in parts[2:])
     stride = int(opts.pop("stride", n))
     cfg = {a: (bool(int(b)) if a == "resident" else int(b)) for a, b in opts.items()}
+    cfg.setdefault("split", 1)
     t0 = time.time()
     s = torch.randn(2, stride, device="cuda")[:, :n]
     i = torch.arange(2 * stride, device="cuda", dtype=torch.int32).view(2, stride)[:, :n]
@@ -153,9 +156,10 @@ def main(argv=None) -> int:
     k = args.k
     specs = [x for x in args.precompile.split(",") if x]
     for n in ns if args.precompile_bench else []:
-        specs.append(f"{n}:{k}")
-        if args.sweep:
-            specs += [f"{n}:{k}:" + ":".join(f"{a}={int(b)}" for a, b in v.items()) for v in sweep_variants(n).values()]
+        variants = [{}] + (list(sweep_variants(n).values()) if args.sweep else [])
+        for v in variants:  # both final-ordering variants: split (few rows) and not (many rows)
+            for sp in ({1, 16} if "split" not in v else {v["split"]}):
+                specs.append(f"{n}:{k}:" + ":".join(f"{a}={int(b)}" for a, b in {**v, "split": sp}.items()))
     if specs:
         precompile(list(dict.fromkeys(specs)), args.workers)
     if args.precompile_only:

@@ -46,6 +46,7 @@ kernel can run here.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -93,15 +94,28 @@ def _next_pow2(x: int) -> int:
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 
 
-def _launch_config(block: int, num_warps=None, chunk=None, resident=None):
-    """(num_warps, chunk, resident) for a row of ``block`` (a power of two) candidates."""
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    if _interpret() or not torch.cuda.is_available():
+        return 132
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def _launch_config(block: int, kb: int, q: int, n_sm: int, num_warps=None, chunk=None, resident=None, split=None):
+    """(num_warps, chunk, resident, split) for Q rows of ``block`` (a power of two) candidates."""
+    if split is None:  # few rows: spread each row's final ordering over several programs
+        split = 1
+        while split < 16 and q * split * 2 <= n_sm and kb // (split * 2) >= 64:
+            split *= 2
+        if split < 8:
+            split = 1
     if resident is None:
         resident = block <= RESIDENT_MAX
     if num_warps is None:
         num_warps = max(4, min(16, block // 1024)) if resident else 16
     if chunk is None:
         chunk = 256 * num_warps
-    return int(num_warps), min(block, int(chunk)), bool(resident)
+    return int(num_warps), min(block, int(chunk)), bool(resident), int(split)
 
 
 if _HAVE_TRITON:
@@ -119,13 +133,14 @@ if _HAVE_TRITON:
     def _pick_digit(h, rem, NB: tl.constexpr):
         # h: histogram of one digit over the candidates still in play; rem: how many of
         # them are wanted (largest digits first). Returns the digit d holding the rem-th
-        # largest, how many are above d, and how many have digit d.
-        tot = tl.sum(h, 0)
-        suf = tot - tl.cumsum(h, 0) + h  # candidates with digit >= d
-        d = tl.sum((suf >= rem).to(tl.int32), 0) - 1
-        sel = tl.arange(0, NB) == d
-        above = tl.sum(tl.where(sel, suf - h, 0), 0)
-        cnt = tl.sum(tl.where(sel, h, 0), 0)
+        # largest, how many are above d, and how many have digit d (one scan, one max).
+        suf = tl.cumsum(h, 0, reverse=True)  # candidates with digit >= d
+        bins = tl.arange(0, NB).to(tl.int64)
+        packed = tl.where(suf >= rem, (bins << 40) | ((suf - h).to(tl.int64) << 20) | h.to(tl.int64), 0)
+        best = tl.max(packed, 0)  # the largest digit whose suffix still holds rem
+        d = (best >> 40).to(tl.int32)
+        above = ((best >> 20) & 0xFFFFF).to(tl.int32)
+        cnt = (best & 0xFFFFF).to(tl.int32)
         return d, above, cnt
 
     @triton.jit
@@ -221,13 +236,18 @@ if _HAVE_TRITON:
         sc_ptr, id_ptr, oid_ptr, osc_ptr, wk_ptr, wv_ptr,
         N, K, s_sq, s_iq, s_oi, s_os,
         BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, LOG_KB: tl.constexpr,
-        RESIDENT: tl.constexpr,
+        RESIDENT: tl.constexpr, SPLIT: tl.constexpr, ABLATE: tl.constexpr,
     ):
+        # grid (Q, SPLIT). With SPLIT > 1 the SPLIT programs of a row repeat the selection
+        # (each into its own workspace copy; no communication) and each places 1/SPLIT of
+        # the winners by counting ranks, instead of one program sorting all of them.
+        # ABLATE (benchmarks only, wrong results): 1 = no final ordering, 2 = no radix select.
         row = tl.program_id(0).to(tl.int64)
+        part = tl.program_id(1)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
-        wk_row = wk_ptr + row * KB
-        wv_row = wv_ptr + row * KB
+        wk_row = wk_ptr + (row * SPLIT + part) * KB
+        wv_row = wv_ptr + (row * SPLIT + part) * KB
         bins = tl.arange(0, 256)
 
         # ---- phase 1: radix select of the nsel-th largest score key --------------
@@ -267,6 +287,9 @@ if _HAVE_TRITON:
                 rem = rem - above
                 t = _extend(t, dd, p)
         T = t
+        if ABLATE == 2:
+            T = tl.full((), 2147483647, tl.int32)
+            rem = cnt
 
         # ---- phase 2 (ties at the cutoff score): radix select on the ids ---------
         V = nsel * 0 - 1  # id-key cutoff: -1 takes every tied candidate
@@ -308,29 +331,51 @@ if _HAVE_TRITON:
 
         tl.debug_barrier()  # the workspace writes above are read by other threads below
 
-        # ---- sort the winners (descending packed key), decode, write ------------
-        j = tl.arange(0, KB)
-        live = j < nsel
-        key = tl.load(wk_row + j, mask=live, other=-1, cache_modifier=".cg")
-        val = tl.load(wv_row + j, mask=live, other=-8388608, cache_modifier=".cg")
-        key, val = _sort_pairs_desc(key, val, LOG_KB)
+        # ---- order the winners (descending packed key), decode, write ----------
+        if SPLIT == 1:
+            j = tl.arange(0, KB)
+            live = j < nsel
+            key = tl.load(wk_row + j, mask=live, other=-1, cache_modifier=".cg")
+            val = tl.load(wv_row + j, mask=live, other=-8388608, cache_modifier=".cg")
+            if ABLATE != 1:
+                key, val = _sort_pairs_desc(key, val, LOG_KB)
+            pos = j
+        else:
+            # this program's slice of the slots; rank = winners with a larger key, or an
+            # equal key (a duplicate) in an earlier slot
+            SL: tl.constexpr = KB // SPLIT
+            JB: tl.constexpr = 256 if KB >= 256 else KB
+            j = part * SL + tl.arange(0, SL)
+            live = j < nsel
+            key = tl.load(wk_row + j, mask=live, other=-1, cache_modifier=".cg")
+            val = tl.load(wv_row + j, mask=live, other=-8388608, cache_modifier=".cg")
+            rank = tl.zeros([SL], dtype=tl.int32)
+            if ABLATE != 1:
+                for j0 in range(0, KB, JB):
+                    jj = j0 + tl.arange(0, JB)
+                    kj = tl.load(wk_row + jj, mask=jj < nsel, other=-1, cache_modifier=".cg")
+                    before = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None]) & (jj[None, :] < j[:, None]))
+                    rank += tl.sum(before.to(tl.int32), 1)
+                pos = tl.where(live, rank, j)  # winners to their rank, the rest are pads in place
+            else:
+                pos = j
         ok = key >= 0
         out_id = tl.where(ok, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32)
         out_sc = tl.where(ok, val, -8388608).to(tl.float32, bitcast=True)  # pad: -inf
-        jm = j < K
-        tl.store(oid_ptr + row * s_oi + j, out_id, mask=jm)
-        tl.store(osc_ptr + row * s_os + j, out_sc, mask=jm)
+        jm = pos < K
+        tl.store(oid_ptr + row * s_oi + pos, out_id, mask=jm)
+        tl.store(osc_ptr + row * s_os + pos, out_sc, mask=jm)
 
 
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           num_warps: int | None = None, chunk: int | None = None,
-                          resident: bool | None = None):
+                          resident: bool | None = None, split: int | None = None, _ablate: int = 0):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
     device. No host synchronisation; safe to capture in a CUDA graph (after a first,
-    compiling call outside capture). ``num_warps``, ``chunk`` and ``resident`` are tuning
-    knobs for benchmarks (defaults: ``_launch_config``).
+    compiling call outside capture). ``num_warps``, ``chunk``, ``resident`` and ``split``
+    are tuning knobs for benchmarks (defaults: ``_launch_config``).
     """
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
@@ -356,13 +401,16 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         ids = ids.contiguous()
     block = max(16, _next_pow2(n))
     kb = max(2, _next_pow2(k))
-    nw, chunk, resident = _launch_config(block, num_warps, chunk, resident)
-    wk = torch.empty((q, kb), dtype=torch.int64, device=scores.device)
-    wv = torch.empty((q, kb), dtype=torch.int32, device=scores.device)
-    _ordered_select_kernel[(q,)](
+    n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
+    nw, chunk, resident, split = _launch_config(block, kb, q, n_sm, num_warps, chunk, resident, split)
+    if split < 1 or split & (split - 1) or split > kb:
+        raise ValueError(f"split must be a power of two <= {kb}, got {split}")
+    wk = torch.empty((q, split, kb), dtype=torch.int64, device=scores.device)
+    wv = torch.empty((q, split, kb), dtype=torch.int32, device=scores.device)
+    _ordered_select_kernel[(q, split)](
         scores, ids, out_ids, out_sc, wk, wv,
         n, k, scores.stride(0), ids.stride(0), out_ids.stride(0), out_sc.stride(0),
         BLOCK=block, CHUNK=chunk, KB=kb, LOG_KB=kb.bit_length() - 1, RESIDENT=resident,
-        num_warps=nw,
+        SPLIT=split, ABLATE=int(_ablate), num_warps=nw,
     )
     return out_ids, out_sc

@@ -145,7 +145,7 @@ def _make_case(kind, q, n, k, seed, device):
 
 def check_equal(got, ref, what=""):
     gi, gs = got[0].cpu(), got[1].cpu()
-    ri, rs = ref
+    ri, rs = ref[0].cpu(), ref[1].cpu()
     assert gi.shape == ri.shape and gs.shape == rs.shape, what
     bad = (gi != ri).nonzero()
     assert bad.numel() == 0, f"{what}: {bad.shape[0]} id mismatches, first at {bad[0].tolist()}: got {gi[tuple(bad[0])]} want {ri[tuple(bad[0])]}"
@@ -195,6 +195,16 @@ def test_against_packed_topk(kind, k, n):
     for q in rows:
         scores, ids = make_case(kind, q, n, k, seed=q * 31 + n + k, device=_device())
         check_equal(run_kernel(scores, ids, k), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
+
+
+@pytest.mark.parametrize("split", [1, 2, 16])
+@pytest.mark.parametrize("kind", ["ties", "dups", "padding"])
+def test_split_rows(kind, split):
+    """A row's final ordering by one program (bitonic sort) or by SPLIT programs (rank counting)."""
+    _require_kernel()
+    scores, ids = make_case(kind, 3, 6144, 2048, seed=5)
+    got = run_kernel(scores, ids, 2048, split=split)
+    check_equal(got, ref_packed(scores, ids, 2048), f"{kind} split={split}")
 
 
 def test_strided_rows_and_no_host_sync():
