@@ -344,7 +344,7 @@ if _HAVE_TRITON:
             # this program's slice of the slots; rank = winners with a larger key, or an
             # equal key (a duplicate) in an earlier slot
             SL: tl.constexpr = KB // SPLIT
-            JB: tl.constexpr = 256 if KB >= 256 else KB
+            JB: tl.constexpr = 64 if KB >= 64 else KB
             j = part * SL + tl.arange(0, SL)
             live = j < nsel
             key = tl.load(wk_row + j, mask=live, other=-1, cache_modifier=".cg")
