@@ -70,9 +70,9 @@ def _worker(rank, world, rows_list, replays, k_hidden, n_latent, q, c, topk):
         with torch.cuda.graph(graph):
             outs = compiled(static_x, w_col, static_s, static_i)
         mism = {"latent": 0, "ids": 0, "scores": 0, "eager_tol": 0, "cross_rank": 0}
+        gx = torch.Generator(device=dev).manual_seed(1000)       # inputs made on the GPU (fast)
         for step in range(replays):
-            gx = torch.Generator(device="cpu").manual_seed(1000 + step)
-            static_x.copy_(torch.randn(rows, k_hidden, generator=gx).to(torch.bfloat16))
+            static_x.copy_(torch.randn(rows, k_hidden, generator=gx, device=dev).to(torch.bfloat16))
             s, i = race.make_candidates(q, c, rank, world, 2000 + step, "holdout" if step % 2 else "ties", dev)
             static_s.copy_(s)
             static_i.copy_(i)
