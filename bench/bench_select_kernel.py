@@ -1,7 +1,9 @@
 """Benchmark: Triton exact ordered selection vs torch.topk (packed int64 key) vs plain fp32 torch.topk.
 
     python bench/bench_select_kernel.py --out bench_select.json
-    python bench/bench_select_kernel.py --out sweep.json --sweep      # also num_warps / chunk variants
+    python bench/bench_select_kernel.py --out sweep.json --sweep      # also launch variants and ablations
+    python bench/bench_select_kernel.py --out x.json --precompile-only --precompile-tests --precompile-bench
+        # fill Triton's cache in parallel first (one compile is 15-70 s), then run pytest / the bench
 
 Times with CUDA events around each call (warm-up first, median of --iters), and
 again as CUDA-graph replays of --graph-reps calls (median replay / reps). Inputs
@@ -39,6 +41,16 @@ def torch_ordered(scores: torch.Tensor, ids: torch.Tensor, k: int):
     out_ids = torch.where(ok, 0x7FFFFFFF - (top & 0x7FFFFFFF), torch.full_like(top, -1)).to(torch.int32)
     out_sc = torch.where(ok, torch.gather(scores, 1, pos), torch.full_like(scores[:, :1], float("-inf")))
     return out_ids, out_sc
+
+
+# the configurations tests/test_select_kernel_gpu.py compiles (n:k[:key=value]); --precompile-tests
+TEST_SPECS = (
+    "37:5,100:64,300:1,2048:64,1000:2048:split=16,6144:100,37:5:resident=0,100:64:resident=0,"
+    "300:1:resident=0,2048:64:resident=0,1000:2048:resident=0:split=16,6144:100:resident=0,2048:1,"
+    "2048:2048,2048:2048:split=16,16384:1,16384:64,16384:2048,16384:2048:split=16,32768:1,32768:64,"
+    "32768:2048,32768:2048:split=16,6144:2048:stride=8192:split=8,6144:2048,6144:2048:split=2,"
+    "6144:2048:split=16"
+)
 
 
 def sweep_variants(n: int) -> dict:
@@ -144,6 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--precompile", default="", help="comma list of n:k[:key=value] specs to compile in parallel first")
     ap.add_argument("--precompile-bench", action="store_true", help="also precompile this bench's own configs")
+    ap.add_argument("--precompile-tests", action="store_true", help="also precompile the GPU tests' configs")
     ap.add_argument("--precompile-only", action="store_true", help="compile, then exit")
     ap.add_argument("--workers", type=int, default=16)
     args = ap.parse_args(argv)
@@ -154,6 +167,8 @@ def main(argv=None) -> int:
     ns = [int(x) for x in args.n.split(",")]
     k = args.k
     specs = [x for x in args.precompile.split(",") if x]
+    if args.precompile_tests:
+        specs += TEST_SPECS.split(",")
     for n in ns if args.precompile_bench else []:
         variants = [{}] + (list(sweep_variants(n).values()) if args.sweep else [])
         for v in variants:  # both final-ordering variants: split (few rows) and not (many rows)
