@@ -122,9 +122,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("select_id_replication", _choice("auto", "allgather", "bf16"), "auto",
          "Owner composition's id replication child plan: auto = race both; "
          "allgather = int32 all-gather; bf16 = exact BF16 byte encoding in an all-reduce."),
-    Knob("select_kernel", _choice("auto", "torch", "triton"), "auto",
-         "Ordered-selection kernel on CUDA: auto = Triton kernel when available, "
-         "else torch; CPU always uses torch."),
+    Knob("select_kernel", _choice("auto", "torch", "triton"), "torch",
+         "Ordered-selection kernel on CUDA: torch = packed-key torch.topk; triton = "
+         "tpflare's exact Triton kernel (opt-in until its current version is validated on "
+         "a GPU, see docs/benchmarks_select_kernel.md); auto = Triton when available. "
+         "CPU always uses torch."),
     Knob("race_warmup", _parse_int, 3, "Race: untimed warm-up runs per composition.", minimum=0),
     Knob("race_iters", _parse_int, 10, "Race: timed runs per composition (median taken).",
          minimum=1),
