@@ -250,9 +250,9 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
     patches = _inductor_patches(mode, options)
     patches["post_grad_custom_post_pass"] = post_pass
     compiled = compile_fx(work, inputs + extra, config_patches=patches)
-    if not extra:
-        return compiled
-    return _with_row_inputs(compiled, bindings)
+    if extra:
+        compiled = _with_row_inputs(compiled, bindings)
+    return _warn_on_knob_change(compiled, settings, graph_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +297,29 @@ def _with_row_inputs(compiled, bindings: list[RowBinding]):
         rows = [b.rows_for(c) for b, c in zip(bindings, cols)]
         row_shards.check_fresh(cols)
         return compiled(*args, *rows)
+
+    return run
+
+
+def _warn_on_knob_change(compiled, settings: Settings, graph_id: str):
+    """Compiled graphs keep the decisions they were compiled with (knobs are not Dynamo
+    guards): warn once if decision knobs set in code changed since, instead of silently
+    running the old decision."""
+    state = {"gen": config.generation, "warned": False}
+    compiled_hash = settings.decision_hash()
+
+    def run(*args):
+        if config.generation != state["gen"] and not state["warned"]:
+            state["gen"] = config.generation
+            now = config.resolve()
+            if now.decision_hash() != compiled_hash:
+                state["warned"] = True
+                changed = sorted(k for k, v in now.decision_dict().items()
+                                 if settings.decision_dict()[k] != v)
+                log.warning("tpflare: graph %s was compiled with other values of %s; it keeps its "
+                            "compiled decisions (call torch._dynamo.reset() to recompile)",
+                            graph_id, ", ".join("TPFLARE_" + k.upper() for k in changed))
+        return compiled(*args)
 
     return run
 

@@ -185,6 +185,7 @@ class Config:
 
     def __init__(self) -> None:
         object.__setattr__(self, "_overrides", {})
+        object.__setattr__(self, "generation", 0)  # bumped on every code override change
 
     def __getattr__(self, name: str) -> Any:
         if name not in _BY_FIELD:
@@ -196,6 +197,10 @@ class Config:
         if knob is None:
             raise AttributeError(f"tpflare.config has no knob {name!r}; knobs: {sorted(_BY_FIELD)}")
         self._overrides[name] = knob.coerce(value)
+        self._bump()
+
+    def _bump(self) -> None:
+        object.__setattr__(self, "generation", self.generation + 1)
 
     def reset(self, name: str | None = None) -> None:
         """Forget code overrides (one knob or all): env vars apply again."""
@@ -203,6 +208,7 @@ class Config:
             self._overrides.clear()
         else:
             self._overrides.pop(name, None)
+        self._bump()
 
     @contextlib.contextmanager
     def patch(self, **values: Any) -> Iterator["Config"]:
@@ -214,6 +220,7 @@ class Config:
         finally:
             self._overrides.clear()
             self._overrides.update(saved)
+            self._bump()
 
     def resolve(self, environ: dict[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
