@@ -26,7 +26,7 @@ from torch import fx
 
 from . import reporting, row_shards
 from .config import Settings, config
-from .distributed import agree, check_knobs_agree, group_rank, group_ranks, group_size, is_distributed
+from .distributed import agree, check_knobs_agree, group_rank, group_size, is_distributed
 
 log = logging.getLogger("tpflare.backend")
 
@@ -131,13 +131,11 @@ def _add_input(gm: fx.GraphModule, name: str, value: torch.Tensor) -> int:
 def _prepare_latent_gather(gm: fx.GraphModule, example_inputs: list, settings: Settings, graph_id: str):
     from tpflare.passes.latent_gather import LatentGatherPlan, RowSource
 
-    groups: dict[str, tuple[int, int]] = {}
+    groups = _all_groups_of(gm)  # every reduce's group: the pass reports skipped sites too
     rows_for_input: dict[int, RowSource] = {}
     extra: list[torch.Tensor] = []
     bindings: list[RowBinding] = []
     candidates = _weight_candidates(gm, example_inputs, settings) if settings.latent_gather else []
-    for _idx, _name, g, _n, _r in candidates:
-        groups.setdefault(g, (group_rank(g), group_size(g)))
     if candidates and is_distributed():
         # every rank must provide (and reshard) the same row shards in the same order
         mine = [(i, name, g, n, r, tuple(example_inputs[i].shape), row_shards.lookup(example_inputs[i]) is not None)
@@ -196,15 +194,6 @@ def _all_groups_of(gm: fx.GraphModule) -> dict[str, tuple[int, int]]:
     return groups
 
 
-def _bind_selection(gm: fx.GraphModule, example_inputs: list, settings: Settings, graph_id: str) -> bool:
-    """Bind every ``tpflare.select`` site to a composition; True when the graph changed."""
-    try:
-        from tpflare.passes import select_binding
-    except ImportError:
-        return False
-    return bool(select_binding.bind_select_sites(gm, example_inputs, settings, graph_id=graph_id))
-
-
 def _inductor_patches(mode: str | None, options: dict | None) -> dict[str, Any]:
     """``torch.compile(..., mode=, options=)`` as Inductor config patches (as Inductor does)."""
     patches: dict[str, Any] = {}
@@ -224,6 +213,7 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
     """
     from torch._inductor.compile_fx import compile_fx
 
+    from tpflare.passes import select_binding
     from tpflare.passes.manager import TpflarePostGradPass
 
     settings = config.resolve()
@@ -232,12 +222,8 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
     graph_id = f"g{next(_graph_counter)}"
     work = _copy_graph_module(gm)
     inputs = list(example_inputs)
-    _bind_selection(work, inputs, settings, graph_id)
+    select_binding.bind_select_sites(work, inputs, settings, graph_id=graph_id)
     plan, extra, bindings = _prepare_latent_gather(work, inputs, settings, graph_id)
-    if not plan.world_of_group:  # report-only plan for sites the scan did not provision
-        groups = _all_groups_of(work)
-        plan = type(plan)(**{**plan.__dict__, "rank_in_group": {g: v[0] for g, v in groups.items()},
-                             "world_of_group": {g: v[1] for g, v in groups.items()}})
     import torch._inductor.config as inductor_config
 
     post_pass = TpflarePostGradPass(plan, settings.decision_hash(),

@@ -213,7 +213,7 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
             continue
         for _ in range(settings.race_warmup):
             cm.run(s, i, k, group_name, with_scores)
-        times = [_timed(lambda: cm.run(s, i, k, group_name, with_scores), device, group)
+        times = [_timed(lambda cm=cm, s=s, i=i: cm.run(s, i, k, group_name, with_scores), device, group)
                  for _ in range(settings.race_iters)]
         stats["trials"] += settings.race_warmup + settings.race_iters
         medians[cm.name] = statistics.median(times)

@@ -22,7 +22,6 @@ def _capture_select(rank, world, mode):
     s0, i0 = race.make_candidates(Q, C, rank, world, 1, "holdout", dev)
     if mode == "reduce-overhead":
         cf = torch.compile(f, backend="tpflare", mode="reduce-overhead", fullgraph=True)
-        replay = None
     else:
         cf = torch.compile(f, backend="tpflare", fullgraph=True)
         static_s, static_i = s0.clone(), i0.clone()
