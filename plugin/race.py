@@ -180,7 +180,6 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
     ranks = group_ranks(group_name)
     group = resolve_group(group_name)
     stats["races"] += 1
-    mem0 = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
 
     # holdout validation (never timed): exact ids and score bits on every rank
     failures: dict[str, list[str]] = {cm.name: [] for cm in comps}
@@ -197,7 +196,7 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
                     failures[cm.name].append(f"holdout {h} ({pattern}): ids or score bits differ")
             except Exception as e:  # a composition that raises is rejected, not fatal
                 failures[cm.name].append(f"holdout {h}: {type(e).__name__}: {e}")
-        del s, i, all_s, all_i, exp_ids, exp_scores
+            got_ids = got_scores = None
     everyone = agree("race validation", {n: len(f) for n, f in failures.items()}, ranks=ranks,
                      timeout_s=settings.prep_timeout)
     valid = {cm.name: all(e[cm.name] == 0 for e in everyone) for cm in comps}
@@ -217,12 +216,6 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
                  for _ in range(settings.race_iters)]
         stats["trials"] += settings.race_warmup + settings.race_iters
         medians[cm.name] = statistics.median(times)
-    del s, i
-    gc.collect()
-    mem_after = None
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        mem_after = torch.cuda.memory_allocated(device)
     all_medians = agree("race timings", medians, ranks=ranks, timeout_s=settings.prep_timeout)
     timings = {n: {"max_rank_ms": max(m[n] for m in all_medians),
                    "per_rank_median_ms": [round(m[n], 4) for m in all_medians]}
@@ -244,9 +237,14 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
             why = (f"{best} within TPFLARE_RACE_NEAR_TIE={settings.race_near_tie} of the default "
                    f"({timings[best]['max_rank_ms']:.4f} vs {base:.4f} ms): default kept")
             best = DEFAULT
-    if mem0 is not None:
-        validation["_memory"] = {"allocated_before": mem0, "allocated_after": mem_after}
     return best, timings, validation, why
+
+
+def _allocated(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device)
 
 
 # --- the decision, cache included ------------------------------------------------------------
@@ -297,7 +295,11 @@ def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: t
     else:
         why_race = ("cache miss on ranks " + str([r for r, s in zip(ranks, seen) if s is None])
                     if any(s is None for s in seen) else f"ranks' cache entries differ: {seen}")
+        mem0 = _allocated(device)
         winner, timings, validation, why = run_race(q, c, k, group_name, with_scores, device, comps, settings)
+        gc.collect()  # the race's trial and holdout tensors are gone once run_race returns
+        if mem0 is not None:
+            validation["_memory"] = {"allocated_before": mem0, "allocated_after": _allocated(device)}
         d = Decision(by_name[winner], "race", key, timings, validation, why=f"{why}; raced because {why_race}")
         try:  # the winner is agreed already: a cache that cannot be written only costs a later race
             cache.put(key, new_entry(fields, winner, timings, validation, why=why))
