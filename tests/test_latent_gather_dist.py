@@ -84,6 +84,18 @@ def _scenario(rank, world, register):
         tpflare.refresh_row_shards()
         y2 = cf(prefill, w_col, b)
         out["refreshed_ok"] = torch.allclose(y2.float(), 2 * (y - b).float() + b.float(), atol=0.1, rtol=0.02)
+    # gather in chunks of at most 16 rows (24 rows -> 2 messages): same values, same bits
+    torch._dynamo.reset()
+    with torch.no_grad():
+        w_col.div_(2)                      # back to the weights y was computed with
+    if register:                           # values match the registered copy again: say so
+        tpflare.register_row_shard(w_col, w[rank * ns:(rank + 1) * ns].contiguous(), name="w_rows")
+    else:
+        tpflare.refresh_row_shards()
+    with tpflare.config.patch(latent_gather=True, latent_gather_channel_rows=16):
+        y_chunked = torch.compile(f, backend="tpflare", fullgraph=True, dynamic=False)(prefill, w_col, b)
+    out["chunked_same_bits"] = torch.equal(y_chunked, y)
+    out["chunks"] = [r.get("chunks") for r in tpflare.report() if r["decision"] == "rewritten"][-1]
     torch._dynamo.reset()
     return out
 
@@ -99,6 +111,7 @@ def test_rewrite_end_to_end(world, register):
         assert r["max_abs_gather"] < 0.05
         assert r["err_gather"] <= r["err_reduce"] * 1.05, r
         assert r["decode_equal_eager"]
+        assert r["chunked_same_bits"] and r["chunks"] == 2
         assert "changed in place" in r["stale"], r["stale"]
         if not register:
             assert r["refreshed_ok"]
