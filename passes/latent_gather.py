@@ -188,8 +188,9 @@ def find_down_reduces(graph: fx.Graph, plan: LatentGatherPlan) -> list[DownReduc
         end = sl.args[3] if len(sl.args) > 3 else None
         step = sl.args[4] if len(sl.args) > 4 else 1
         k_full = xv.shape[-1]
+        end = k_full if end is None else min(end, k_full)  # open-ended slices carry INT64_MAX
         if (dim not in (-1, xv.dim() - 1) or step != 1 or k_full != m.k_shard * world
-                or start != rank * m.k_shard or end not in (start + m.k_shard, None if start + m.k_shard == k_full else start + m.k_shard)):
+                or start != rank * m.k_shard or end != start + m.k_shard):
             m.skip = (f"slice [{start}:{end}] of dim {dim} is not this rank's K-slice "
                       f"[{rank * m.k_shard}:{(rank + 1) * m.k_shard}] of a [.., {k_full}] row (not replicated input)")
             continue

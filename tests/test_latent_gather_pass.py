@@ -177,3 +177,11 @@ def test_uuid_changes_with_knobs_and_plan():
 
 def test_uuid_of_unhashable_chained_pass_bypasses_cache():
     assert TpflarePostGradPass(_plan(), "k", chained=lambda g: None).uuid() is None
+
+
+def test_open_ended_slice_of_last_rank_matches():
+    def last_rank(x, w, rows):                    # x[..., 8:] is rank 1's K-slice
+        return _reduce(F.linear(x[..., RANK * KS:], w))
+
+    gm = _trace(last_rank, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
+    assert [r["decision"] for r in lg.run(gm.graph, _plan())] == ["rewritten"]
