@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 from typing import Any
 
 import torch
@@ -127,6 +128,39 @@ def _weight_input(b: fx.Node, placeholders: dict[fx.Node, int]) -> tuple[int | N
     return placeholders.get(node), node, chain
 
 
+def _as_k_slice(node: fx.Node):
+    """A K-slice in any of its post-grad spellings, as (x_full, dim, start, end, step, nodes
+    that die with it); None if ``node`` is not one.
+
+    ``slice`` (also what ``narrow`` and ``x[..., a:b]`` become), ``getitem`` of a
+    ``split`` / ``split_with_sizes`` (``torch.chunk`` / ``torch.split``), and
+    ``index_select`` by a step-1 ``arange``.
+    """
+    if _is_target(node, {aten.slice.Tensor}):
+        a = node.args
+        return (a[0], a[1] if len(a) > 1 else 0, a[2] if len(a) > 2 else 0,
+                a[3] if len(a) > 3 else None, a[4] if len(a) > 4 else 1, [])
+    if isinstance(node, fx.Node) and node.op == "call_function" and node.target is operator.getitem:
+        split, j = node.args
+        if _is_target(split, {aten.split.Tensor, aten.split_with_sizes.default}):
+            size_arg = split.args[1]
+            dim = split.args[2] if len(split.args) > 2 else 0
+            k_full = _val(split.args[0]).shape[dim]
+            sizes = (list(size_arg) if isinstance(size_arg, (list, tuple))
+                     else [size_arg] * (-(-k_full // size_arg)))
+            start = sum(sizes[:j])
+            siblings = [u for u in split.users if u is not node]
+            dead = siblings + [split] if all(not u.users for u in siblings) else []
+            return split.args[0], dim, start, start + sizes[j], 1, dead
+    if _is_target(node, {aten.index_select.default}):
+        x, dim, index = node.args
+        if _is_target(index, {aten.arange.start, aten.arange.start_step}):
+            step = index.args[2] if len(index.args) > 2 else 1
+            dead = [index] if len(index.users) == 1 else []
+            return x, dim, index.args[0], index.args[1], step, dead
+    return None
+
+
 def find_down_reduces(graph: fx.Graph, plan: LatentGatherPlan) -> list[DownReduceMatch]:
     """Every all_reduce(sum)+wait site, classified (``skip`` set when not rewritable)."""
     placeholders = {n: i for i, n in enumerate(graph.find_nodes(op="placeholder"))}
@@ -178,15 +212,12 @@ def find_down_reduces(graph: fx.Graph, plan: LatentGatherPlan) -> list[DownReduc
                 break
         if m.skip:
             continue
-        if not _is_target(sl, {aten.slice.Tensor}):
+        ks = _as_k_slice(sl)
+        if ks is None:
             m.skip = "GEMM input is not a K-slice of a replicated hidden row (not replicated input)"
             continue
-        x_full = sl.args[0]
+        x_full, dim, start, end, step, extra_dead = ks
         xv = _val(x_full)
-        dim = sl.args[1] if len(sl.args) > 1 else 0
-        start = sl.args[2] if len(sl.args) > 2 else 0
-        end = sl.args[3] if len(sl.args) > 3 else None
-        step = sl.args[4] if len(sl.args) > 4 else 1
         k_full = xv.shape[-1]
         end = k_full if end is None else min(end, k_full)  # open-ended slices carry INT64_MAX
         if (dim not in (-1, xv.dim() - 1) or step != 1 or k_full != m.k_shard * world
@@ -198,7 +229,7 @@ def find_down_reduces(graph: fx.Graph, plan: LatentGatherPlan) -> list[DownReduc
             m.skip = "the K-slice is used outside the GEMM"
             continue
         m.x_full = x_full
-        m.chain_nodes = [m.wait, ar] + chain + x_chain + [sl]
+        m.chain_nodes = [m.wait, ar] + chain + x_chain + [sl] + extra_dead
         if xv.dtype != wv.dtype:
             m.skip = f"dtype mismatch: hidden {xv.dtype} vs weight {wv.dtype}"
             continue

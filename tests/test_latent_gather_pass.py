@@ -185,3 +185,34 @@ def test_open_ended_slice_of_last_rank_matches():
 
     gm = _trace(last_rank, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
     assert [r["decision"] for r in lg.run(gm.graph, _plan())] == ["rewritten"]
+
+
+@pytest.mark.parametrize("form", ["narrow", "chunk", "split", "index_select"])
+def test_k_slice_spellings(form):
+    def sliced(x):
+        if form == "narrow":
+            return x.narrow(-1, RANK * KS, KS)
+        if form == "chunk":
+            return torch.chunk(x, W, -1)[RANK]
+        if form == "split":
+            return torch.split(x, [KS, KS], dim=-1)[RANK]
+        return x.index_select(-1, torch.arange(RANK * KS, (RANK + 1) * KS))
+
+    def fn(x, w, rows):
+        return _reduce(F.linear(sliced(x), w))
+
+    gm = _trace(fn, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
+    recs = lg.run(gm.graph, _plan())
+    assert [r["decision"] for r in recs] == ["rewritten"], recs
+    t = _targets(gm)
+    assert not {aten.split.Tensor, aten.split_with_sizes.default, aten.index_select.default,
+                aten.slice.Tensor} & set(t), t                  # the K-slice copy is gone
+    gm.recompile()
+
+
+def test_chunk_of_another_rank_is_not_replicated_input():
+    def fn(x, w, rows):
+        return _reduce(F.linear(torch.chunk(x, W, -1)[0], w))   # rank 1 using rank 0's chunk
+
+    gm = _trace(fn, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
+    assert "not this rank's K-slice" in lg.run(gm.graph, _plan())[0]["reason"]
