@@ -5,7 +5,10 @@
 calls ``fn(rank, world, *args)`` and returns every rank's return value in rank
 order.  It never hangs: a rank that raises makes the call raise (with that
 rank's traceback) after the others are stopped, and the whole run is killed at
-``timeout`` seconds.  ``fn`` must be importable (a module-level function).
+``timeout`` seconds.  ``fn`` must be importable (a module-level function) and
+return plain picklable values: a tensor cannot be returned (its storage would
+travel as a file descriptor of a process that has already exited); return
+``t.tolist()`` or a comparison result instead.
 """
 from __future__ import annotations
 
