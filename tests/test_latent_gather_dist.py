@@ -100,7 +100,7 @@ def _scenario(rank, world, register):
     return out
 
 
-@pytest.mark.parametrize("world,register", [(2, True), (4, False)])
+@pytest.mark.parametrize("world,register", [(2, True), (4, False), (8, True)])
 def test_rewrite_end_to_end(world, register):
     res = run_ranks(_scenario, world, args=(register,), timeout=240)
     for r in res:
