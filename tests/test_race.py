@@ -141,3 +141,32 @@ def test_reference_select_matches_plain_python_sort():
     for row in range(5):
         exp = [i if i >= 0 else -1 for s, i in sorted(zip(scores[row].tolist(), ids[row].tolist()), key=key)[:12]]
         assert got[row].tolist() == exp
+
+
+def _trial_tensors_released(rank, world):
+    import gc
+    import weakref
+
+    import tpflare
+    from tpflare import race
+
+    made = []
+    original = race.make_candidates
+
+    def tracked(*args, **kwargs):
+        s, i = original(*args, **kwargs)
+        made.extend([weakref.ref(s), weakref.ref(i)])
+        return s, i
+
+    race.make_candidates = tracked
+    tpflare.config.race_iters = 2
+    tpflare.config.race_warmup = 1
+    settings = tpflare.config.resolve()
+    winner, *_ = race.run_race(Q, C, K, "0", True, torch.device("cpu"), race.compositions(settings), settings)
+    gc.collect()
+    return len(made), sum(r() is not None for r in made)
+
+
+def test_trial_and_holdout_tensors_are_released_after_the_race():
+    for made, alive in run_ranks(_trial_tensors_released, 2, timeout=120):
+        assert made > 0 and alive == 0
