@@ -84,29 +84,39 @@ def _weight_candidates(gm: fx.GraphModule, example_inputs: Sequence[Any], settin
         n = reduced.shape[-1]
         rows = reduced.numel() // n if n else 0
         frontier, seen = [ar.args[0]], set()
+        weights: list[fx.Node] = []
+        widths: set = set()          # last dims seen upstream: a full hidden row is [.., K/W * W]
         for _ in range(_SCAN_DEPTH):
             nxt = []
             for node in frontier:
                 if not isinstance(node, fx.Node) or node in seen:
                     continue
                 seen.add(node)
+                val = _example(node)
+                if isinstance(val, torch.Tensor) and val.dim() >= 1:
+                    widths.add(val.shape[-1])
                 if node.op == "placeholder":
                     t = example_inputs[index[node]]
                     if (isinstance(t, torch.Tensor) and t.dim() == 2 and t.is_floating_point()
                             and t.shape[0] == n):
-                        reason = None
-                        if world == 1:
-                            reason = "group of size 1"
-                        elif n % (settings.latent_gather_align * world):
-                            reason = f"width: N={n} % (align {settings.latent_gather_align} * W {world}) != 0"
-                        elif not statically_known_true(rows >= settings.latent_gather_min_rows):
-                            reason = f"rows: {rows} not known to be >= {settings.latent_gather_min_rows}"
-                        prev = out.get(index[node])
-                        if prev is None or (prev[4] is not None and reason is None):
-                            out[index[node]] = (index[node], _input_name(node), group_name, int(n), reason)
+                        weights.append(node)
                     continue
                 nxt.extend(a for a in node.all_input_nodes)
             frontier = nxt
+        for node in weights:
+            kw = example_inputs[index[node]].shape[1]
+            reason = None
+            if world == 1:
+                reason = "group of size 1"
+            elif kw * world not in widths:
+                reason = f"no replicated [.., {kw * world}] hidden row upstream (not replicated input)"
+            elif n % (settings.latent_gather_align * world):
+                reason = f"width: N={n} % (align {settings.latent_gather_align} * W {world}) != 0"
+            elif not statically_known_true(rows >= settings.latent_gather_min_rows):
+                reason = f"rows: {rows} not known to be >= {settings.latent_gather_min_rows}"
+            prev = out.get(index[node])
+            if prev is None or (prev[4] is not None and reason is None):
+                out[index[node]] = (index[node], _input_name(node), group_name, int(n), reason)
     return [out[k] for k in sorted(out)]
 
 

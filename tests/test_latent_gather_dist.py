@@ -222,3 +222,32 @@ def test_graph_reused_by_another_instance_uses_its_own_row_shard():
     """Dynamo serves one compiled graph to a second instance (weights are inputs, not guards)."""
     for r in run_ranks(_two_instances, 2, timeout=180):
         assert r["a_err"] < 0.02 and r["b_err"] < 0.02, r
+
+
+def _sharded_input_layer(rank, world):
+    import torch.distributed as dist
+    import torch._inductor.config as ic
+    import torch.nn.functional as F
+
+    import tpflare
+    from tpflare import row_shards
+
+    ic.fx_graph_cache = False
+    w = torch.randn(128, 32, dtype=torch.bfloat16)
+
+    def f(x, w):                      # row-parallel layer whose input is already K-sharded
+        y = F.linear(x, w)
+        dist.all_reduce(y)
+        return y
+
+    x = torch.randn(16, 32, dtype=torch.bfloat16)
+    with tpflare.config.patch(latent_gather=True):
+        y = torch.compile(f, backend="tpflare", fullgraph=True)(x, w)
+    return ([(r["decision"], r.get("reason") or "") for r in tpflare.report()], len(row_shards.describe()),
+            torch.allclose(y.float(), f(x, w).float(), atol=0.05, rtol=0.02))
+
+
+def test_sharded_input_layer_gets_no_row_shard_and_is_left_alone():
+    for records, n_row_shards, same in run_ranks(_sharded_input_layer, 2, timeout=120):
+        assert n_row_shards == 0 and same                       # nothing resharded, no memory added
+        assert ("skipped", "GEMM input is not a K-slice of a replicated hidden row (not replicated input)") in records
