@@ -13,6 +13,9 @@ compare graph work plus tpflare's preparation, not the host compiler (on a
 ``--no-prime`` times a cold kernel cache instead.  The figure
 is the max over ranks of (first call - steady call).  tpflare cold = empty
 composition cache (the race runs); warm = the same cache again (no race).
+The last column is tpflare's own preparation: time inside the tpflare backend
+but outside Inductor's ``compile_fx`` (cProfile, slowest rank; profiling adds
+overhead to every variant alike).
 """
 from __future__ import annotations
 
@@ -49,9 +52,14 @@ def _variant(rank, world, variant, cache_dir, inductor_dir, rows, hidden, latent
     backend = "inductor" if variant == "inductor" else "tpflare"
     cf = torch.compile(model, backend=backend, fullgraph=True)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    import cProfile
+
+    prof = cProfile.Profile()
     t0 = time.perf_counter()
+    prof.enable()
     cf(x, w_col, s, i)
     sync()
+    prof.disable()
     first = time.perf_counter() - t0
     steady = []
     for _ in range(5):
@@ -60,7 +68,20 @@ def _variant(rank, world, variant, cache_dir, inductor_dir, rows, hidden, latent
         sync()
         steady.append(time.perf_counter() - t0)
     return dict(compile_s=first - statistics.median(steady), races=race.stats["races"],
-                cache_hits=race.stats["cache_hits"])
+                cache_hits=race.stats["cache_hits"], own_prep_s=_tpflare_own_seconds(prof))
+
+
+def _tpflare_own_seconds(prof) -> float | None:
+    """Seconds inside the tpflare backend but outside Inductor's compile_fx (cProfile)."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, cumtime, callers)
+    backend = [v[3] for (f, _, name), v in stats.items() if name == "tpflare_backend"]
+    inductor = [v[3] for (f, _, name), v in stats.items()
+                if name == "compile_fx" and f.endswith("compile_fx.py")]
+    if not backend:
+        return None
+    return max(backend) - (max(inductor) if inductor else 0.0)
 
 
 def main(argv=None):
@@ -88,12 +109,16 @@ def main(argv=None):
     for variant in ["inductor", "tpflare_cold", "tpflare_warm"]:
         res = run_ranks(_variant, a.world, args=(variant, cache_dir, inductor_dir, a.rows, a.hidden, a.latent, a.q, a.c,
                                                  a.k, a.backend), backend=a.backend, timeout=900)
+        own = [r["own_prep_s"] for r in res if r["own_prep_s"] is not None]
         out[variant] = dict(compile_s=max(r["compile_s"] for r in res), races=res[0]["races"],
-                            cache_hits=res[0]["cache_hits"])
+                            cache_hits=res[0]["cache_hits"], own_prep_s=max(own) if own else None)
     base = out["inductor"]["compile_s"]
-    print(f"{'variant':<14} {'compile s':>10} {'vs inductor':>12} {'races':>6} {'cache hits':>11}")
+    print(f"{'variant':<14} {'compile s':>10} {'vs inductor':>12} {'races':>6} {'cache hits':>11} "
+          f"{'tpflare outside compile_fx s':>29}")
     for v, r in out.items():
-        print(f"{v:<14} {r['compile_s']:>10.2f} {r['compile_s'] / base:>12.2f} {r['races']:>6} {r['cache_hits']:>11}")
+        own = "-" if r["own_prep_s"] is None else f"{r['own_prep_s']:.3f}"
+        print(f"{v:<14} {r['compile_s']:>10.2f} {r['compile_s'] / base:>12.2f} {r['races']:>6} "
+              f"{r['cache_hits']:>11} {own:>29}")
     print(f"race cost per site (cold - warm): {out['tpflare_cold']['compile_s'] - out['tpflare_warm']['compile_s']:.2f} s")
     if a.json:
         json.dump(dict(args=vars(a), results=out), open(a.json, "w"), indent=1)

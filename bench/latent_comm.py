@@ -41,7 +41,7 @@ def rank_fn(rank: int, world: int, cfg: dict) -> dict:
     import torch.nn.functional as F
 
     import tpflare  # noqa: F401  registers torch.ops.tpflare.*
-    from tpflare.demo import median_ms
+    from tpflare.timing import median_ms
     from tpflare.distributed import group_name_of
     from tpflare.ops.gather import column_gather_reference_layout
 

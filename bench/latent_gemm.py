@@ -8,30 +8,16 @@ Rows:
   rows_rm+cp  rows_rm + the layout copy a rank-major all-gather needs ([W, M, N/W] -> [M, N])
   tpflare     what the rewrite emits: R [N/W, K] @ x^T -> [N/W, M]; the all-gather of these
               blocks *is* the column-major [M, N] result, so there is no layout copy
-Target: tpflare within 1.10x of kslice.  CUDA events, warm-up, median of --iters.
+Target: tpflare within 1.10x of kslice.  CUDA events, 10 warm-up calls, median of --iters.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
-
-def _time(fn, iters: int) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+from tpflare.timing import median_ms
 
 
 def main(argv=None):
@@ -48,6 +34,10 @@ def main(argv=None):
     wcol = torch.randn(n, k // w, device=dev, dtype=bf)
     rows = torch.randn(n // w, k, device=dev, dtype=bf)
     res = []
+
+    def _time(fn, iters):  # one GPU, no collective: no barrier
+        return median_ms(fn, 10, iters, dev, barrier=False)
+
     print(f"{'M':>6} {'kslice':>9} {'rows_rm':>9} {'rows_rm+cp':>11} {'tpflare':>9} {'tpflare/kslice':>15}  (ms, {torch.cuda.get_device_name()})")
     for m in a.rows:
         x = torch.randn(m, k, device=dev, dtype=bf)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpflare.distributed import group_rank, group_size, resolve_group
+from tpflare.distributed import group_size, resolve_group
 
 # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch
 _all_gather_base = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -84,4 +84,4 @@ def column_gather_reference_layout(x: Tensor, world: int, group_name: str) -> Te
     return out.view(world, m, n).permute(1, 0, 2).reshape(m, world * n)
 
 
-__all__ = ["column_gather", "reshard_rows", "column_gather_reference_layout", "group_rank"]
+__all__ = ["column_gather", "reshard_rows", "column_gather_reference_layout"]

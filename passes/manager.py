@@ -51,11 +51,10 @@ class TpflarePostGradPass(CustomGraphPass):  # type: ignore[misc]
         self.latent_plan = latent_plan
         self.decision_hash = decision_hash
         self.chained = chained
-        self.records: list[dict[str, Any]] = []
 
     def __call__(self, graph: fx.Graph) -> None:
         if self.latent_plan is not None:
-            self.records.extend(latent_gather.run(graph, self.latent_plan))
+            latent_gather.run(graph, self.latent_plan)  # records every site in tpflare.report()
         if self.chained is not None:
             self.chained(graph)
 

@@ -190,7 +190,7 @@ class Config:
     def __getattr__(self, name: str) -> Any:
         if name not in _BY_FIELD:
             raise AttributeError(f"tpflare.config has no knob {name!r}; knobs: {sorted(_BY_FIELD)}")
-        return self.resolve().as_dict()[name]
+        return self._value(_BY_FIELD[name], os.environ)
 
     def __setattr__(self, name: str, value: Any) -> None:
         knob = _BY_FIELD.get(name)
@@ -222,18 +222,17 @@ class Config:
             self._overrides.update(saved)
             self._bump()
 
+    def _value(self, knob: Knob, env) -> Any:
+        if knob.field in self._overrides:
+            return self._overrides[knob.field]
+        if knob.env in env:
+            return knob.coerce(env[knob.env])
+        return knob.default
+
     def resolve(self, environ: dict[str, str] | None = None) -> Settings:
+        """Every knob at once (what preparation takes); ``config.<knob>`` reads just one."""
         env = os.environ if environ is None else environ
-        out = []
-        for knob in KNOBS:
-            if knob.field in self._overrides:
-                v = self._overrides[knob.field]
-            elif knob.env in env:
-                v = knob.coerce(env[knob.env])
-            else:
-                v = knob.default
-            out.append((knob.field, v))
-        return Settings(tuple(out))
+        return Settings(tuple((knob.field, self._value(knob, env)) for knob in KNOBS))
 
 
 config = Config()

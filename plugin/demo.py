@@ -23,12 +23,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from typing import Any, Sequence
 
 import torch
+
+from tpflare.timing import median_ms
 
 BF16 = torch.bfloat16
 
@@ -74,35 +75,6 @@ def _bits_identical_across_ranks(t: torch.Tensor) -> bool:
     everyone = [torch.empty_like(bits) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, bits)
     return all(torch.equal(everyone[0], o) for o in everyone)
-
-
-def median_ms(fn, warmup: int, iters: int, device: torch.device, before=None) -> float:
-    """Median ms per call of a collective ``fn()`` on this rank: warm-up, then a barrier
-    before each timed call (``before()``, untimed, runs ahead of each call); CUDA events on GPU."""
-    import torch.distributed as dist
-
-    for _ in range(warmup):
-        if before is not None:
-            before()
-        fn()
-    times = []
-    for _ in range(iters):
-        if before is not None:
-            before()
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def core(rank: int, world: int, cfg: DemoConfig) -> dict[str, Any]:

@@ -143,10 +143,6 @@ def check_knobs_agree(settings, *, ranks: Sequence[int] | None = None, timeout_s
             "compositions): " + "; ".join(diffs))
 
 
-def barrier_with_timeout(ranks: Sequence[int] | None, timeout_s: float, what: str) -> None:
-    agree(what, None, ranks=ranks, timeout_s=timeout_s)
-
-
 def device_of_backend(group_name: str) -> torch.device:
     """Device collectives of this group run on (cuda for NCCL, else cpu)."""
     pg = resolve_group(group_name)

@@ -28,15 +28,14 @@ import dataclasses
 import gc
 import logging
 import statistics
-import time
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from . import reporting
 from .config import Settings
 from .distributed import agree, group_rank, group_ranks, group_size, resolve_group
+from .timing import time_once_ms
 
 log = logging.getLogger("tpflare.race")
 
@@ -149,28 +148,12 @@ def reference_select(scores: torch.Tensor, ids: torch.Tensor, k: int):
 
 
 def _all_ranks_input(q, c, world, seed, pattern, device, rank):
-    """This rank's share, plus the global reference (every rank can compute it)."""
+    """This rank's share on ``device``, plus every rank's concatenated (for the reference)."""
     parts = [make_candidates(q, c, r, world, seed, pattern, torch.device("cpu")) for r in range(world)]
-    mine = make_candidates(q, c, rank, world, seed, pattern, device)
+    mine = tuple(t.to(device) for t in parts[rank])
     all_s = torch.cat([p[0] for p in parts], dim=1)
     all_i = torch.cat([p[1] for p in parts], dim=1)
     return mine, (all_s, all_i)
-
-
-# --- timing ------------------------------------------------------------------------------
-def _timed(fn: Callable[[], Any], device: torch.device, group) -> float:
-    dist.barrier(group=group)
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device: torch.device,
@@ -212,7 +195,7 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
             continue
         for _ in range(settings.race_warmup):
             cm.run(s, i, k, group_name, with_scores)
-        times = [_timed(lambda cm=cm, s=s, i=i: cm.run(s, i, k, group_name, with_scores), device, group)
+        times = [time_once_ms(lambda cm=cm, s=s, i=i: cm.run(s, i, k, group_name, with_scores), device, group)
                  for _ in range(settings.race_iters)]
         stats["trials"] += settings.race_warmup + settings.race_iters
         medians[cm.name] = statistics.median(times)
