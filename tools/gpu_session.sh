@@ -2,20 +2,11 @@
 # One batched GPU session (device tool): install, GPU tests, benchmarks. Results into $OUT.
 #   bash tools/gpu_session.sh            (W = number of visible GPUs)
 set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tpflare_out}; mkdir -p "$OUT"
 W=$(python -c "import torch; print(torch.cuda.device_count())")
 log="$OUT/log.txt"
 {
-  pip install --no-deps --no-build-isolation --break-system-packages -e . >/dev/null 2>&1 \
-    || pip install --no-deps --no-build-isolation -e . >/dev/null 2>&1
-  if ! python -c "import tpflare" 2>/dev/null; then   # no pip install possible: a symlink shim
-    shim=/tmp/tpflare_shim/tpflare; rm -rf /tmp/tpflare_shim; mkdir -p "$shim"
-    for f in "$PWD"/plugin/*.py; do ln -s "$f" "$shim/"; done
-    for d in ops passes cache; do ln -s "$PWD/$d" "$shim/$d"; done
-    export PYTHONPATH=/tmp/tpflare_shim${PYTHONPATH:+:$PYTHONPATH}
-  fi
-  python -c "import tpflare; print('tpflare from', tpflare.__file__)"
+  source tools/gpu_env.sh
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0), 'nccl', torch.cuda.nccl.version())"
   nvidia-smi topo -m 2>/dev/null | head -5
   echo "=== replay stress W=$W"; timeout ${REPLAY_T:-400} python bench/replay_stress.py --world "$W" --replays 2000 --rows 1024 3072 --json "$OUT/replay.json" 2>&1 | grep -v Warning | tail -8
