@@ -49,18 +49,31 @@ TEST_SPECS = (
     "300:1:resident=0,2048:64:resident=0,1000:2048:resident=0:split=16,6144:100:resident=0,2048:1,"
     "2048:2048,2048:2048:split=16,16384:1,16384:64,16384:2048,16384:2048:split=16,32768:1,32768:64,"
     "32768:2048,32768:2048:split=16,6144:2048:stride=8192:split=8,6144:2048,6144:2048:split=2,"
-    "6144:2048:split=16"
+    "6144:2048:split=16,2048:2048:order=sort,16384:2048:order=sort,32768:2048:order=sort,"
+    "6144:2048:order=sort"
 )
 
 
 def sweep_variants(n: int) -> dict:
     """Kernel launch variants timed with --sweep (the default config is always timed as 'kernel').
 
-    ``_ablate`` variants give wrong results on purpose: they time the kernel without its final
-    ordering (1) or without its radix select (2), to show where the time goes.
+    ``_ablate`` variants give wrong results on purpose, to show where the time goes: they stop
+    after the compaction (1: no final ordering), after the load (3), after one radix pass (4) or
+    after the whole radix select (5).
     """
-    vs = [dict(split=1), dict(_ablate=1), dict(_ablate=2), dict(resident=False, num_warps=4, chunk=1024)]
-    return {"kernel_" + "_".join(f"{a.strip('_')}{int(b)}" for a, b in v.items()): v for v in vs}
+    vs = [dict(order="bitonic"), dict(order="sort"), dict(order="rank", split=16), dict(_ablate=1),
+          dict(_ablate=3), dict(_ablate=4), dict(_ablate=5), dict(resident=False, num_warps=4, chunk=1024)]
+    return {"kernel_" + "_".join(f"{a.strip('_')}{_spec_value(b)}" for a, b in v.items()): v for v in vs}
+
+
+def _spec_value(b):
+    return b if isinstance(b, str) else int(b)
+
+
+def _parse_value(a: str, b: str):
+    if a == "order":
+        return b
+    return bool(int(b)) if a == "resident" else int(b)
 
 
 def _compile_one(spec: str) -> str:
@@ -71,8 +84,7 @@ def _compile_one(spec: str) -> str:
     n, k = int(parts[0]), int(parts[1])
     opts = dict(p.split("=") for p in parts[2:])
     stride = int(opts.pop("stride", n))
-    cfg = {a: (bool(int(b)) if a == "resident" else int(b)) for a, b in opts.items()}
-    cfg.setdefault("split", 1)
+    cfg = {a: _parse_value(a, b) for a, b in opts.items()}
     t0 = time.time()
     s = torch.randn(2, stride, device="cuda")[:, :n]
     i = torch.arange(2 * stride, device="cuda", dtype=torch.int32).view(2, stride)[:, :n]
@@ -171,9 +183,10 @@ def main(argv=None) -> int:
         specs += TEST_SPECS.split(",")
     for n in ns if args.precompile_bench else []:
         variants = [{}] + (list(sweep_variants(n).values()) if args.sweep else [])
-        for v in variants:  # both final-ordering variants: split (few rows) and not (many rows)
-            for sp in ({1, 16} if "split" not in v else {v["split"]}):
-                specs.append(f"{n}:{k}:" + ":".join(f"{a}={int(b)}" for a, b in {**v, "split": sp}.items()))
+        for v in variants:  # every final ordering unless the variant names one
+            for order in (("bitonic", "sort") if "order" not in v else (v["order"],)):
+                w = {**v, "order": order}
+                specs.append(f"{n}:{k}:" + ":".join(f"{a}={_spec_value(b)}" for a, b in w.items()))
     if specs:
         precompile(list(dict.fromkeys(specs)), args.workers)
     if args.precompile_only:
@@ -197,14 +210,17 @@ def main(argv=None) -> int:
                 for name, kw in variants.items():
                     methods[name] = (lambda s, i, kw=kw: sk.triton_ordered_select(s, i, k, **kw)), sets
                 methods["topk_packed"] = (lambda key: torch.topk(key, k, dim=1)), keys
+                if args.sweep:  # what ordering k packed keys a row costs in torch (cub/bitonic sort)
+                    methods["sort_k_packed"] = (lambda key: torch.sort(key, dim=1, descending=True)), \
+                        [(kk[0][:, :k].contiguous(),) for kk in keys]
                 methods["torch_ordered"] = (lambda s, i: torch_ordered(s, i, k)), sets
                 methods["topk_fp32"] = (lambda s, i: torch.topk(s, k, dim=1)), sets
                 for name, (fn, fsets) in methods.items():
                     exact = None
-                    if name.startswith("kernel"):
-                        got = fn(*sets[0])
-                        exact = bool(torch.equal(got[0], ref[0]) and torch.equal(got[1].view(torch.int32), ref[1].view(torch.int32)))
                     try:
+                        if name.startswith("kernel"):
+                            got = fn(*sets[0])
+                            exact = bool(torch.equal(got[0], ref[0]) and torch.equal(got[1].view(torch.int32), ref[1].view(torch.int32)))
                         e = time_eager(fn, fsets, args.iters, args.warmup)
                         gms = None if args.no_graph else time_graph(fn, fsets, args.graph_reps, args.graph_replays)
                     except Exception as ex:  # keep the rest of the table

@@ -36,9 +36,11 @@ Design (one program per row, no host synchronisation, CUDA-graph capturable):
   ``[Q, next_pow2(k)]`` workspace.
 * Sort: the ``next_pow2(k)`` slots (empty ones hold key ``-1``) are sorted
   descending by a bitonic network that carries the score bits as payload; ids are
-  decoded from the key.
+  decoded from the key. With many rows (``Q >= 4 * SMs``) the kernel stops after
+  the compaction and ``torch.sort(stable=True)`` orders the packed keys (slots
+  are in position order, so equal keys keep it), then a small kernel decodes.
 
-Workspaces are ``torch.empty`` of sizes fixed by ``(Q, k)``. Limits:
+The workspace is one ``torch.empty`` of a size fixed by ``(Q, k)``. Limits:
 ``N <= 32768`` candidates a row and ``k <= 2048`` (``supports(n, k)``).
 
 This module imports without Triton or CUDA; ``available()`` says whether the
@@ -101,21 +103,32 @@ def _num_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def _launch_config(block: int, kb: int, q: int, n_sm: int, num_warps=None, chunk=None, resident=None, split=None):
-    """(num_warps, chunk, resident, split) for Q rows of ``block`` (a power of two) candidates."""
-    if split is None:  # few rows: spread each row's final ordering over several programs
+def _launch_config(block: int, kb: int, q: int, n_sm: int, num_warps=None, chunk=None, resident=None,
+                   split=None, order=None):
+    """(num_warps, chunk, resident, split, order) for Q rows of ``block`` (a power of two) candidates.
+
+    Defaults from the H200 runs in docs/benchmarks_select_kernel.md: the in-kernel bitonic
+    network (``order="bitonic"``, ``split=1``) up to ``4 * SMs`` rows; beyond, the kernel leaves
+    the winners unordered and ``torch.sort`` orders them (``order="sort"``; 0.14 ms for 1024
+    rows of 2048 keys against 0.21 ms for the bitonic network). Spreading the rank count over
+    ``split`` programs (``order="rank"``) measured slower than the network at Q = 1 and 8.
+    """
+    if order is None:
+        order = "rank" if split not in (None, 1) else ("sort" if q >= 4 * n_sm and kb >= 1024 else "bitonic")
+    if order not in ("bitonic", "rank", "sort"):
+        raise ValueError(f"order must be bitonic, rank or sort, got {order!r}")
+    if split is None:
+        split = 16 if order == "rank" else 1
+    if order != "rank":
         split = 1
-        while split < 16 and q * split * 2 <= n_sm and kb // (split * 2) >= 64:
-            split *= 2
-        if split < 8:
-            split = 1
+    split = min(split, max(1, kb // 64))
     if resident is None:
         resident = block <= RESIDENT_MAX
     if num_warps is None:
         num_warps = max(4, min(16, block // 1024)) if resident else 16
     if chunk is None:
         chunk = 256 * num_warps
-    return int(num_warps), min(block, int(chunk)), bool(resident), int(split)
+    return int(num_warps), min(block, int(chunk)), bool(resident), int(split), order
 
 
 if _HAVE_TRITON:
@@ -236,12 +249,13 @@ if _HAVE_TRITON:
         sc_ptr, id_ptr, oid_ptr, osc_ptr, wk_ptr, wv_ptr,
         N, K, s_sq, s_iq, s_oi, s_os,
         BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, LOG_KB: tl.constexpr,
-        RESIDENT: tl.constexpr, SPLIT: tl.constexpr, ABLATE: tl.constexpr,
+        RESIDENT: tl.constexpr, SPLIT: tl.constexpr, SORT_OUTSIDE: tl.constexpr, ABLATE: tl.constexpr,
     ):
         # grid (Q, SPLIT). With SPLIT > 1 the SPLIT programs of a row repeat the selection
         # (each into its own workspace copy; no communication) and each places 1/SPLIT of
         # the winners by counting ranks, instead of one program sorting all of them.
-        # ABLATE (benchmarks only, wrong results): 1 = no final ordering, 2 = no radix select.
+        # ABLATE (benchmarks only, wrong results): 1 = no final ordering, 2 = no radix select,
+        # 3 = stop after the load, 4 = stop after one radix pass, 5 = stop after phase 1.
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         sc_row = sc_ptr + row * s_sq
@@ -258,11 +272,14 @@ if _HAVE_TRITON:
             bits = tl.load(sc_row + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
             s = _score_key(bits, tl.load(id_row + offs, mask=inb, other=-1))
             nvalid = tl.sum((s != -2147483648).to(tl.int32), 0)
+            if ABLATE == 3:  # load only
+                tl.store(oid_ptr + row * s_oi, nvalid)
+                return
             nsel = tl.minimum(nvalid, K)
             rem = nsel
             t = nsel * 0
             cnt = nvalid
-            for p in tl.static_range(4):
+            for p in tl.static_range(4 if ABLATE != 4 else 1):
                 d = _digit(s, p)
                 if p > 0:
                     d = tl.where(_prefix_is(s, t, p), d, 0)
@@ -287,6 +304,9 @@ if _HAVE_TRITON:
                 rem = rem - above
                 t = _extend(t, dd, p)
         T = t
+        if ABLATE == 4 or ABLATE == 5:  # one radix pass / all of phase 1
+            tl.store(oid_ptr + row * s_oi, T + rem)
+            return
         if ABLATE == 2:
             T = tl.full((), 2147483647, tl.int32)
             rem = cnt
@@ -329,6 +349,11 @@ if _HAVE_TRITON:
             tl.store(wk_row + slot, key, mask=wmask)
             tl.store(wv_row + slot, b, mask=wmask)
 
+        if SORT_OUTSIDE:  # torch.sort orders the workspace: empty slots become key -1
+            j = tl.arange(0, KB)
+            tl.store(wk_row + j, tl.full([KB], -1, tl.int64), mask=j >= nsel)
+            return
+
         tl.debug_barrier()  # the workspace writes above are read by other threads below
 
         # ---- order the winners (descending packed key), decode, write ----------
@@ -367,15 +392,33 @@ if _HAVE_TRITON:
         tl.store(osc_ptr + row * s_os + pos, out_sc, mask=jm)
 
 
+if _HAVE_TRITON:
+
+    @triton.jit
+    def _decode_sorted_kernel(key_ptr, pos_ptr, wv_ptr, oid_ptr, osc_ptr, K, s_o, KB: tl.constexpr):
+        # keys sorted descending by torch.sort (with their slots): ids from the key, score
+        # bits from the slot's payload; key -1 is an empty slot (a pad)
+        row = tl.program_id(0).to(tl.int64)
+        j = tl.arange(0, KB)
+        m = j < K
+        key = tl.load(key_ptr + row * KB + j, mask=m, other=-1)
+        pos = tl.load(pos_ptr + row * KB + j, mask=m, other=0)
+        ok = key >= 0
+        val = tl.load(wv_ptr + row * KB + pos, mask=m & ok, other=-8388608)
+        tl.store(oid_ptr + row * s_o + j, tl.where(ok, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32), mask=m)
+        tl.store(osc_ptr + row * s_o + j, tl.where(ok, val, -8388608).to(tl.float32, bitcast=True), mask=m)
+
+
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           num_warps: int | None = None, chunk: int | None = None,
-                          resident: bool | None = None, split: int | None = None, _ablate: int = 0):
+                          resident: bool | None = None, split: int | None = None, order: str | None = None,
+                          _ablate: int = 0):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
     device. No host synchronisation; safe to capture in a CUDA graph (after a first,
-    compiling call outside capture). ``num_warps``, ``chunk``, ``resident`` and ``split``
-    are tuning knobs for benchmarks (defaults: ``_launch_config``).
+    compiling call outside capture). ``num_warps``, ``chunk``, ``resident``, ``split`` and
+    ``order`` are tuning knobs for benchmarks (defaults: ``_launch_config``).
     """
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
@@ -402,15 +445,22 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     block = max(16, _next_pow2(n))
     kb = max(2, _next_pow2(k))
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
-    nw, chunk, resident, split = _launch_config(block, kb, q, n_sm, num_warps, chunk, resident, split)
+    nw, chunk, resident, split, order = _launch_config(block, kb, q, n_sm, num_warps, chunk, resident, split, order)
     if split < 1 or split & (split - 1) or split > kb:
         raise ValueError(f"split must be a power of two <= {kb}, got {split}")
-    wk = torch.empty((q, split, kb), dtype=torch.int64, device=scores.device)
-    wv = torch.empty((q, split, kb), dtype=torch.int32, device=scores.device)
+    outside = order == "sort" and not _ablate
+    # one allocation for both workspaces: packed keys (int64) then score bits (int32)
+    ws = torch.empty((q * split * kb * 3,), dtype=torch.int32, device=scores.device)
+    wk = ws[: q * split * kb * 2].view(torch.int64)
+    wv = ws[q * split * kb * 2:]
     _ordered_select_kernel[(q, split)](
         scores, ids, out_ids, out_sc, wk, wv,
         n, k, scores.stride(0), ids.stride(0), out_ids.stride(0), out_sc.stride(0),
         BLOCK=block, CHUNK=chunk, KB=kb, LOG_KB=kb.bit_length() - 1, RESIDENT=resident,
-        SPLIT=split, ABLATE=int(_ablate), num_warps=nw,
+        SPLIT=split, SORT_OUTSIDE=outside, ABLATE=int(_ablate), num_warps=nw,
     )
+    if outside:
+        key, pos = torch.sort(wk.view(q, kb), dim=1, descending=True, stable=True)
+        _decode_sorted_kernel[(q,)](key, pos, wv, out_ids, out_sc, k, out_ids.stride(0), KB=kb,
+                                    num_warps=max(1, min(8, kb // 256)))
     return out_ids, out_sc

@@ -51,11 +51,12 @@ def _capture_select(rank, world, mode):
     return bad, bound
 
 
-@pytest.mark.parametrize("mode", ["cudagraph", pytest.param("reduce-overhead", marks=pytest.mark.skip(
-    reason="did not finish within 240 s in its only run (2xH200, torch 2.11, W=2): cudagraph trees "
-           "with NCCL collectives not yet understood; manual torch.cuda.CUDAGraph capture passes"))])
+@pytest.mark.parametrize("mode", ["cudagraph", "reduce-overhead"])
 def test_selection_site_captured_and_replayed(mode):
     world = torch.cuda.device_count()
+    if mode == "reduce-overhead" and world > 1:
+        pytest.skip("W>1: did not finish within 240 s in its only run (2xH200, torch 2.11, W=2); "
+                    "passes at W=1 (H200), see tools/diag_reduce_overhead.py to diagnose")
     for bad, bound in run_ranks(_capture_select, world, args=(mode,), backend="nccl", timeout=300,
                                 env={"NCCL_NVLS_ENABLE": "0"}):
         assert bad == 0 and len(bound) == 1

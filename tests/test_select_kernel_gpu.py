@@ -197,14 +197,18 @@ def test_against_packed_topk(kind, k, n):
         check_equal(run_kernel(scores, ids, k), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
 
 
-@pytest.mark.parametrize("split", [1, 2, 16])
-@pytest.mark.parametrize("kind", ["ties", "dups", "padding"])
-def test_split_rows(kind, split):
-    """A row's final ordering by one program (bitonic sort) or by SPLIT programs (rank counting)."""
+ORDERS = [("bitonic", None), ("rank", 2), ("rank", 16), ("sort", None)]
+
+
+@pytest.mark.parametrize("order,split", ORDERS, ids=[f"{o}{s or ''}" for o, s in ORDERS])
+@pytest.mark.parametrize("kind", ["ties", "dups", "padding", "special"])
+def test_final_orderings(kind, order, split):
+    """Every final ordering: one program's bitonic network, SPLIT programs counting ranks, or
+    the unordered winners sorted by torch.sort (stable) and decoded."""
     _require_kernel()
     scores, ids = make_case(kind, 3, 6144, 2048, seed=5)
-    got = run_kernel(scores, ids, 2048, split=split)
-    check_equal(got, ref_packed(scores, ids, 2048), f"{kind} split={split}")
+    got = run_kernel(scores, ids, 2048, split=split, order=order)
+    check_equal(got, ref_packed(scores, ids, 2048), f"{kind} order={order} split={split}")
 
 
 def test_strided_rows_and_no_host_sync():
@@ -227,25 +231,26 @@ def test_strided_rows_and_no_host_sync():
     check_equal(got, ref_packed(scores, ids, 2048), "strided")
 
 
-def test_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("order", ["bitonic", "sort"])
+def test_cuda_graph_capture_and_replay(order):
     _require_kernel()
     if INTERPRET:
         pytest.skip("CUDA graphs need CUDA")
     q, n, k = 64, 8 * 2048, 2048
     scores, ids = make_case("random", q, n, k, seed=11)
     st_s, st_i = scores.cuda(), ids.cuda()
-    sk.triton_ordered_select(st_s, st_i, k)  # warm-up: compile outside capture
+    sk.triton_ordered_select(st_s, st_i, k, order=order)  # warm-up: compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sk.triton_ordered_select(st_s, st_i, k)
+        out = sk.triton_ordered_select(st_s, st_i, k, order=order)
     for i, kind in enumerate(["ties", "padding", "special", "random"]):
         s2, i2 = make_case(kind, q, n, k, seed=100 + i, device="cuda")
         st_s.copy_(s2)
         st_i.copy_(i2)
         graph.replay()
         torch.cuda.synchronize()
-        check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind}")
+        check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind} {order}")
 
 
 def test_rejects_bad_input():
