@@ -130,6 +130,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("race_warmup", _parse_int, 3, "Race: untimed warm-up runs per composition.", minimum=0),
     Knob("race_iters", _parse_int, 10, "Race: timed runs per composition (median taken).",
          minimum=1),
+    Knob("race_timing", _choice("auto", "eager", "graph"), "auto",
+         "Race: how trials are timed: graph = median of CUDA-graph replays (how serving "
+         "runs; where capture fails on any rank or the device is not CUDA, every rank times "
+         "that composition eagerly and the report says why); eager = eager calls (host "
+         "launch overhead included); auto = graph on CUDA, eager elsewhere."),
     Knob("race_holdout", _parse_int, 4,
          "Race: holdout inputs per composition checked for exact ids (never timed).",
          minimum=1),

@@ -11,7 +11,9 @@ group in lockstep:
    complete composition (packing, transport, selection, replication together)
    warmed up, then timed with a barrier before every timed run; per-rank median;
    a composition's time is its slowest rank's median (all-gathered, so every
-   rank computes the same winner);
+   rank computes the same winner).  On CUDA (``TPFLARE_RACE_TIMING``) the timed
+   run is a replay of a CUDA graph of the composition, as serving runs it; if
+   capture fails on any rank, every rank times that composition eagerly;
 3. holdout inputs (never timed; NaN, -inf, mass ties, all-padding rows) check
    every composition's ids (and score bits) against an independent reference
    (a stable lexicographic sort); a composition failing on any rank is rejected;
@@ -25,9 +27,9 @@ private gloo group with ``TPFLARE_PREP_TIMEOUT``): no rank decides alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
-import statistics
 from typing import Any, Callable, Sequence
 
 import torch
@@ -35,7 +37,7 @@ import torch
 from . import reporting
 from .config import Settings
 from .distributed import agree, group_rank, group_ranks, group_size, resolve_group
-from .timing import time_once_ms
+from .timing import capture_graph, median_ms, release_graph
 
 log = logging.getLogger("tpflare.race")
 
@@ -189,19 +191,18 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
 
     # timing (only valid compositions), same order on every rank
     (s, i), _ = _all_ranks_input(q, c, world, 7, "trial", device, rank)
+    method = timing_method(settings, device)
     medians: dict[str, float] = {}
+    how: dict[str, dict[str, str]] = {}
     for cm in comps:
         if not valid[cm.name]:
             continue
-        for _ in range(settings.race_warmup):
-            cm.run(s, i, k, group_name, with_scores)
-        times = [time_once_ms(lambda cm=cm, s=s, i=i: cm.run(s, i, k, group_name, with_scores), device, group)
-                 for _ in range(settings.race_iters)]
+        call = functools.partial(cm.run, s, i, k, group_name, with_scores)
+        medians[cm.name], how[cm.name] = _time_trial(cm.name, call, method, device, group, ranks, settings)
         stats["trials"] += settings.race_warmup + settings.race_iters
-        medians[cm.name] = statistics.median(times)
     all_medians = agree("race timings", medians, ranks=ranks, timeout_s=settings.prep_timeout)
     timings = {n: {"max_rank_ms": max(m[n] for m in all_medians),
-                   "per_rank_median_ms": [round(m[n], 4) for m in all_medians]}
+                   "per_rank_median_ms": [round(m[n], 4) for m in all_medians], **how[n]}
                for n in medians}
     for cm in comps:
         if not valid[cm.name]:
@@ -213,7 +214,8 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
 
         raise PreparationError(f"tpflare race: no composition passed holdout validation: {validation}")
     best = min(ok, key=lambda n: (timings[n]["max_rank_ms"], n))
-    why = f"fastest valid ({timings[best]['max_rank_ms']:.4f} ms, slowest rank's median)"
+    why = (f"fastest valid ({timings[best]['max_rank_ms']:.4f} ms, slowest rank's median, "
+           f"{timings[best]['timing']} timing)")
     if best != DEFAULT and DEFAULT in ok:
         base = timings[DEFAULT]["max_rank_ms"]
         if timings[best]["max_rank_ms"] > base * (1 - settings.race_near_tie):
@@ -221,6 +223,55 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
                    f"({timings[best]['max_rank_ms']:.4f} vs {base:.4f} ms): default kept")
             best = DEFAULT
     return best, timings, validation, why
+
+
+def timing_method(settings: Settings, device: torch.device) -> str:
+    """How the race times trials: "graph" (CUDA-graph replays) or "eager" (``TPFLARE_RACE_TIMING``)."""
+    if settings.race_timing == "auto":
+        return "graph" if device.type == "cuda" else "eager"
+    return settings.race_timing
+
+
+def _capture(call: Callable[[], Any], device: torch.device, warmup: int):
+    """A CUDA graph of ``call``; raises where there can be none."""
+    if device.type != "cuda":
+        raise RuntimeError(f"CUDA-graph timing needs a CUDA device, the race runs on {device.type}")
+    with torch.cuda.device(device):
+        return capture_graph(call, warmup)
+
+
+def _time_trial(name: str, call: Callable[[], Any], method: str, device: torch.device, group: Any,
+                ranks: Sequence[int], settings: Settings) -> tuple[float, dict[str, str]]:
+    """This rank's median ms of ``call`` and how it was timed ({"timing": "graph" | "eager", ...}).
+
+    With ``method="graph"`` every rank captures (same order on every rank), then all agree
+    on whether every capture worked: a rank whose capture failed still enters every
+    collective the others enter, and if any failed, every rank times ``call`` eagerly and
+    records why.  The graph and its memory pool are freed before this returns.
+    """
+    graph, how = None, {"timing": "eager"}
+    if method == "graph":
+        try:
+            graph, failure = _capture(call, device, settings.race_warmup), None
+        except Exception as e:  # shared below: every rank falls back together
+            failure = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        everyone = agree(f"race graph capture of {name}", failure, ranks=ranks, timeout_s=settings.prep_timeout)
+        failed = "; ".join(f"rank {r}: {f}" for r, f in zip(ranks, everyone) if f)
+        if failed:
+            if graph is not None:
+                release_graph(graph, device)
+                graph = None
+            how["graph_fallback"] = f"capture failed on {failed}"
+            log.warning("tpflare race: %s timed with eager calls: %s", name, how["graph_fallback"])
+        else:
+            how["timing"] = "graph"
+    try:
+        ms = median_ms(graph.replay if graph is not None else call, settings.race_warmup,
+                       settings.race_iters, device, group=group)
+    finally:
+        if graph is not None:
+            release_graph(graph, device)
+    return ms, how
 
 
 def _allocated(device: torch.device) -> int | None:

@@ -12,15 +12,19 @@ pytestmark = pytest.mark.multiproc
 Q, C, K = 6, 24, 16      # Q not divisible by W=4, k < W*C
 
 
+def quick_race_knobs(**more):
+    """Set the knobs of a quick race (few runs, few holdouts) in a test rank, plus ``more``."""
+    import tpflare
+
+    for name, value in {"race_iters": 3, "race_warmup": 1, "race_holdout": 2, **more}.items():
+        setattr(tpflare.config, name, value)
+
+
 def _compiled_site(rank, world, cache_dir, select):
     import tpflare
     from tpflare import race
 
-    tpflare.config.cache_dir = cache_dir
-    tpflare.config.race_iters = 3
-    tpflare.config.race_warmup = 1
-    tpflare.config.race_holdout = 2
-    tpflare.config.select = select
+    quick_race_knobs(cache_dir=cache_dir, select=select)
 
     def f(s, i):
         ids, scores = tpflare.select_topk(s, i, K, with_scores=True)
@@ -57,11 +61,7 @@ def _decide(rank, world, cache_root, per_rank_dirs, select, seed_entries):
     from tpflare.cache.store import CompositionCache, make_key, new_entry
 
     cache_dir = f"{cache_root}/r{rank}" if per_rank_dirs else cache_root
-    tpflare.config.cache_dir = cache_dir
-    tpflare.config.race_iters = 3
-    tpflare.config.race_warmup = 1
-    tpflare.config.race_holdout = 2
-    tpflare.config.select = select
+    quick_race_knobs(cache_dir=cache_dir, select=select)
     settings = tpflare.config.resolve()
     comps = race.compositions(settings)
     if seed_entries and rank in seed_entries:                   # pre-seed this rank's cache
