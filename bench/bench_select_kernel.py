@@ -50,19 +50,21 @@ TEST_SPECS = (
     "2048:2048,2048:2048:split=16,16384:1,16384:64,16384:2048,16384:2048:split=16,32768:1,32768:64,"
     "32768:2048,32768:2048:split=16,6144:2048:stride=8192:split=8,6144:2048,6144:2048:split=2,"
     "6144:2048:split=16,2048:2048:order=sort,16384:2048:order=sort,32768:2048:order=sort,"
-    "6144:2048:order=sort"
+    "6144:2048:order=sort,6144:2048:radix_bits=3,6144:2048:radix_bits=7,6144:2048:radix_bits=8,"
+    "6144:2048:radix_bits=3:resident=0,6144:2048:radix_bits=7:resident=0,6144:2048:radix_bits=8:resident=0"
 )
 
 
 def sweep_variants(n: int) -> dict:
     """Kernel launch variants timed with --sweep (the default config is always timed as 'kernel').
 
+    ``radix_bits=8`` is the former digit width (four passes of 256 bins instead of seven of 32).
     ``_ablate`` variants give wrong results on purpose, to show where the time goes: they stop
     after the compaction (1: no final ordering), after the load (3), after one radix pass (4) or
     after the whole radix select (5).
     """
-    vs = [dict(order="bitonic"), dict(order="sort"), dict(order="rank", split=16), dict(_ablate=1),
-          dict(_ablate=3), dict(_ablate=4), dict(_ablate=5), dict(resident=False, num_warps=4, chunk=1024)]
+    vs = [dict(order="bitonic"), dict(order="sort"), dict(radix_bits=8), dict(_ablate=1),
+          dict(_ablate=3), dict(_ablate=4), dict(_ablate=5)]
     return {"kernel_" + "_".join(f"{a.strip('_')}{_spec_value(b)}" for a, b in v.items()): v for v in vs}
 
 

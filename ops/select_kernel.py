@@ -21,12 +21,12 @@ Design (one program per row, no host synchronisation, CUDA-graph capturable):
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
   ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). The whole row's ``s`` stays
   in registers.
-* Phase 1, radix select on ``s``: four passes of 8-bit digits, each a
-  ``tl.histogram`` over the register-resident keys of the candidates that still
-  match the prefix, find ``T``, the score key of the ``min(k, n_valid)``-th
+* Phase 1, radix select on ``s``: seven passes of 5-bit digits (``radix_bits``),
+  each a ``tl.histogram`` over the register-resident keys of the candidates that
+  still match the prefix, find ``T``, the score key of the ``min(k, n_valid)``-th
   candidate, and how many candidates with ``s == T`` are still needed.
 * Phase 2, only when the cutoff score is tied by more candidates than are
-  needed: the same four-pass radix select on ``0x7fffffff - id`` over the tied
+  needed: the same radix select on ``0x7fffffff - id`` over the tied
   candidates (chunks re-read from memory; a rare path) finds the id cutoff ``V``.
   Candidates equal in both score key and id (duplicates) are taken in position
   order, so the count is exact.
@@ -196,24 +196,32 @@ if _HAVE_TRITON:
         return tl.reshape(h, x.shape), tl.reshape(hp, p.shape)
 
     @triton.jit
-    def _digit(s, p: tl.constexpr):
-        # p-th 8-bit digit (most significant first) of an int32 key, as an unsigned digit
-        d = (s >> (24 - 8 * p)) & 255
-        if p == 0:
-            d = d ^ 128
+    def _digit(s, p: tl.constexpr, D: tl.constexpr):
+        # p-th digit (most significant first) of an int32 key, as an unsigned number: digits
+        # are D bits wide, the last one takes what is left of the 32 bits
+        if D * (p + 1) <= 32:
+            d = (s >> (32 - D * (p + 1))) & ((1 << D) - 1)
+            if p == 0:
+                d = d ^ (1 << (D - 1))  # the sign bit: negative keys below positive ones
+        else:
+            d = s & ((1 << (32 - D * p)) - 1)
         return d
 
     @triton.jit
-    def _prefix_is(s, t, p: tl.constexpr):
+    def _prefix_is(s, t, p: tl.constexpr, D: tl.constexpr):
         # do the digits above digit p of key s equal the prefix t (raw bits)?
-        return ((s >> (32 - 8 * p)) & ((1 << (8 * p)) - 1)) == t
+        return ((s >> (32 - D * p)) & ((1 << (D * p)) - 1)) == t
 
     @triton.jit
-    def _extend(t, dd, p: tl.constexpr):
+    def _extend(t, dd, p: tl.constexpr, D: tl.constexpr):
+        # the prefix t (raw bits) followed by digit dd
         if p == 0:
-            t = dd ^ 128
+            t = dd ^ (1 << (D - 1))
         else:
-            t = (t << 8) | dd
+            if D * (p + 1) <= 32:
+                t = (t << D) | dd
+            else:
+                t = (t << (32 - D * p)) | dd
         return t
 
     @triton.jit
@@ -225,11 +233,12 @@ if _HAVE_TRITON:
         return b, i
 
     @triton.jit
-    def _chunked_histogram(sc_row, id_row, N, T, t, p: tl.constexpr, CHUNK: tl.constexpr, IDS: tl.constexpr):
+    def _chunked_histogram(sc_row, id_row, N, T, t, p: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+                           IDS: tl.constexpr):
         # histogram of digit p, over the row re-read in chunks, of the score keys of the
         # valid candidates (IDS=False) or of the id keys (0x7fffffff - id) of the candidates
         # whose score key is T (IDS=True), among those whose higher digits equal t
-        h = tl.zeros([256], dtype=tl.int32)
+        h = tl.zeros([1 << D], dtype=tl.int32)
         for c0 in range(0, N, CHUNK):
             b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
             sc = _score_key(b, i)
@@ -240,8 +249,8 @@ if _HAVE_TRITON:
                 m = sc != -2147483648
                 x = sc
             if p > 0:
-                m = m & _prefix_is(x, t, p)
-            h += tl.histogram(_digit(x, p), 256, mask=m)
+                m = m & _prefix_is(x, t, p, D)
+            h += tl.histogram(_digit(x, p, D), 1 << D, mask=m)
         return h
 
     @triton.jit
@@ -249,7 +258,8 @@ if _HAVE_TRITON:
         sc_ptr, id_ptr, oid_ptr, osc_ptr, wk_ptr, wv_ptr,
         N, K, s_sq, s_iq, s_oi, s_os,
         BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, LOG_KB: tl.constexpr,
-        RESIDENT: tl.constexpr, SPLIT: tl.constexpr, SORT_OUTSIDE: tl.constexpr, ABLATE: tl.constexpr,
+        RESIDENT: tl.constexpr, SPLIT: tl.constexpr, SORT_OUTSIDE: tl.constexpr, D: tl.constexpr,
+        ABLATE: tl.constexpr,
     ):
         # grid (Q, SPLIT). With SPLIT > 1 the SPLIT programs of a row repeat the selection
         # (each into its own workspace copy; no communication) and each places 1/SPLIT of
@@ -262,11 +272,13 @@ if _HAVE_TRITON:
         id_row = id_ptr + row * s_iq
         wk_row = wk_ptr + (row * SPLIT + part) * KB
         wv_row = wv_ptr + (row * SPLIT + part) * KB
-        bins = tl.arange(0, 256)
+        NB: tl.constexpr = 1 << D  # bins of a digit
+        NP: tl.constexpr = (32 + D - 1) // D  # digits of a 32-bit key
+        bins = tl.arange(0, NB)
 
         # ---- phase 1: radix select of the nsel-th largest score key --------------
         # after it: T = the cutoff score key; rem of the cnt candidates with s == T are needed
-        if RESIDENT:  # the row's score keys stay in registers for the four passes
+        if RESIDENT:  # the row's score keys stay in registers for every pass
             offs = tl.arange(0, BLOCK)
             inb = offs < N
             bits = tl.load(sc_row + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
@@ -279,16 +291,16 @@ if _HAVE_TRITON:
             rem = nsel
             t = nsel * 0
             cnt = nvalid
-            for p in tl.static_range(4 if ABLATE != 4 else 1):
-                d = _digit(s, p)
+            for p in tl.static_range(NP if ABLATE != 4 else 1):
+                d = _digit(s, p, D)
                 if p > 0:
-                    d = tl.where(_prefix_is(s, t, p), d, 0)
+                    d = tl.where(_prefix_is(s, t, p, D), d, 0)
                 # every key not in play (invalid, or another prefix) landed in bin 0: take them out
-                h = tl.histogram(d, 256)
+                h = tl.histogram(d, NB)
                 h = tl.where(bins == 0, h - (BLOCK - cnt), h)
-                dd, above, cnt = _pick_digit(h, rem, 256)
+                dd, above, cnt = _pick_digit(h, rem, NB)
                 rem = rem - above
-                t = _extend(t, dd, p)
+                t = _extend(t, dd, p, D)
         else:  # chunks re-read from memory (L2) on every pass
             nvalid = tl.zeros((), tl.int32)
             for c0 in range(0, N, CHUNK):
@@ -298,11 +310,11 @@ if _HAVE_TRITON:
             rem = nsel
             t = nsel * 0
             cnt = nvalid
-            for p in tl.static_range(4):
-                h = _chunked_histogram(sc_row, id_row, N, 0, t, p, CHUNK, False)
-                dd, above, cnt = _pick_digit(h, rem, 256)
+            for p in tl.static_range(NP):
+                h = _chunked_histogram(sc_row, id_row, N, 0, t, p, D, CHUNK, False)
+                dd, above, cnt = _pick_digit(h, rem, NB)
                 rem = rem - above
-                t = _extend(t, dd, p)
+                t = _extend(t, dd, p, D)
         T = t
         if ABLATE == 4 or ABLATE == 5:  # one radix pass / all of phase 1
             tl.store(oid_ptr + row * s_oi, T + rem)
@@ -317,11 +329,11 @@ if _HAVE_TRITON:
         if rem < cnt:
             vt = nsel * 0
             r2 = rem
-            for p in tl.static_range(4):
-                h2 = _chunked_histogram(sc_row, id_row, N, T, vt, p, CHUNK, True)
-                dd2, above2, cnt2 = _pick_digit(h2, r2, 256)
+            for p in tl.static_range(NP):
+                h2 = _chunked_histogram(sc_row, id_row, N, T, vt, p, D, CHUNK, True)
+                dd2, above2, cnt2 = _pick_digit(h2, r2, NB)
                 r2 = r2 - above2
-                vt = _extend(vt, dd2, p)
+                vt = _extend(vt, dd2, p, D)
             V = vt
             rem2 = r2  # candidates with s == T and id key == V still needed, in position order
 
@@ -412,13 +424,14 @@ if _HAVE_TRITON:
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           num_warps: int | None = None, chunk: int | None = None,
                           resident: bool | None = None, split: int | None = None, order: str | None = None,
-                          _ablate: int = 0):
+                          radix_bits: int = 5, _ablate: int = 0):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
     device. No host synchronisation; safe to capture in a CUDA graph (after a first,
-    compiling call outside capture). ``num_warps``, ``chunk``, ``resident``, ``split`` and
-    ``order`` are tuning knobs for benchmarks (defaults: ``_launch_config``).
+    compiling call outside capture). ``num_warps``, ``chunk``, ``resident``, ``split``,
+    ``order`` and ``radix_bits`` (digit width of the radix select) are tuning knobs for
+    benchmarks (defaults: ``_launch_config``; 5-bit digits, see the module docstring).
     """
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
@@ -448,6 +461,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     nw, chunk, resident, split, order = _launch_config(block, kb, q, n_sm, num_warps, chunk, resident, split, order)
     if split < 1 or split & (split - 1) or split > kb:
         raise ValueError(f"split must be a power of two <= {kb}, got {split}")
+    if not 2 <= radix_bits <= 8:
+        raise ValueError(f"radix_bits must be in 2..8, got {radix_bits}")
     outside = order == "sort" and not _ablate
     # one allocation for both workspaces: packed keys (int64) then score bits (int32)
     ws = torch.empty((q * split * kb * 3,), dtype=torch.int32, device=scores.device)
@@ -457,7 +472,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         scores, ids, out_ids, out_sc, wk, wv,
         n, k, scores.stride(0), ids.stride(0), out_ids.stride(0), out_sc.stride(0),
         BLOCK=block, CHUNK=chunk, KB=kb, LOG_KB=kb.bit_length() - 1, RESIDENT=resident,
-        SPLIT=split, SORT_OUTSIDE=outside, ABLATE=int(_ablate), num_warps=nw,
+        SPLIT=split, SORT_OUTSIDE=outside, D=int(radix_bits), ABLATE=int(_ablate), num_warps=nw,
     )
     if outside:
         key, pos = torch.sort(wk.view(q, kb), dim=1, descending=True, stable=True)

@@ -211,6 +211,18 @@ def test_final_orderings(kind, order, split):
     check_equal(got, ref_packed(scores, ids, 2048), f"{kind} order={order} split={split}")
 
 
+@pytest.mark.parametrize("resident", [None, False], ids=["default", "chunked"])
+@pytest.mark.parametrize("bits", [3, 7, 8])
+def test_radix_digit_widths(bits, resident):
+    """Digit widths that do and do not divide 32 (the last digit takes the rest) give the
+    same exact result, for the score passes and the id passes (ties), in registers or chunked."""
+    _require_kernel()
+    for kind in ("ties", "special", "padding"):
+        scores, ids = make_case(kind, 3, 6144, 2048, seed=bits)
+        got = run_kernel(scores, ids, 2048, radix_bits=bits, resident=resident)
+        check_equal(got, ref_packed(scores, ids, 2048), f"{kind} radix_bits={bits} resident={resident}")
+
+
 def test_strided_rows_and_no_host_sync():
     _require_kernel()
     if INTERPRET:
@@ -263,6 +275,9 @@ def test_rejects_bad_input():
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int64, device=dev), 1)
         with pytest.raises(ValueError):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 0)
+        with pytest.raises(ValueError):
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     radix_bits=9)
     assert not sk.supports(sk.MAX_CANDIDATES + 1, 1)
     assert not sk.supports(16, sk.MAX_K + 1)
     assert sk.supports(16 * 2048, 2048)
