@@ -42,9 +42,17 @@ def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
 
 
 def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settings,
-                      graph_id: str = "") -> list[race.Decision]:
-    """Bind every selection site in ``gm`` (edited in place); one decision per site."""
+                      graph_id: str = "", recompile: bool = True) -> list[race.Decision]:
+    """Bind every selection site in ``gm`` (edited in place); one decision per site.
+
+    Sites with the same (Q, C, k, group, with_scores) -- one per layer in a model --
+    share one decision: ``race.decide`` (cache lookup, hit agreement collective,
+    race on a miss) runs once per distinct site in the graph, in graph order, so
+    every rank makes the same collectives.  ``recompile=False`` leaves regenerating
+    ``gm``'s code to the caller.
+    """
     decisions = []
+    decided: dict[tuple, tuple[str, race.Decision]] = {}  # site signature -> (first site, decision)
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _SELECT:
             continue
@@ -58,11 +66,19 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
             node.target = torch.ops.tpflare.select_replicated.default
             continue
         q, c = shape
-        d = race.decide(q, c, k, group_name, with_scores, device_of_backend(group_name), settings, site=site)
+        sig = (q, c, k, group_name, with_scores)
+        if sig in decided:
+            first, d = decided[sig]
+            reporting.record("select", "bound", site=site, composition=d.composition.name, source=d.source,
+                             reason=f"same (Q, C, k, group, with_scores) as {first}: its decision", Q=q, C=c, k=k,
+                             key=(d.key or "")[:16])
+        else:
+            d = race.decide(q, c, k, group_name, with_scores, device_of_backend(group_name), settings, site=site)
+            decided[sig] = (site, d)
         node.target = getattr(torch.ops.tpflare, d.composition.op).default
         node.args = tuple(node.args[:4]) + (with_scores,) + tuple(d.composition.extra_args)
         node.kwargs = {}
         decisions.append(d)
-    if decisions:
+    if decisions and recompile:
         gm.recompile()
     return decisions

@@ -37,8 +37,18 @@ _SCAN_DEPTH = 6
 
 
 def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of Dynamo's graph we may edit (editing Dynamo's own graph breaks Dynamo)."""
-    new = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    """A copy of Dynamo's graph we may edit (editing Dynamo's own graph breaks Dynamo).
+
+    Made as Dynamo makes its own (``_make_graph_module``): inside a Dynamo compile
+    that is a lazy graph module, whose Python code is generated only when something
+    calls it, not at construction and at every ``recompile()`` after an edit
+    (AOTAutograd traces the graph with an interpreter).
+    """
+    try:
+        from torch.fx._lazy_graph_module import _make_graph_module
+    except ImportError:  # pragma: no cover
+        _make_graph_module = fx.GraphModule
+    new = _make_graph_module(gm, copy.deepcopy(gm.graph))
     new.meta.update(gm.meta)
     for src, dst in zip(gm.graph.find_nodes(op="placeholder"), new.graph.find_nodes(op="placeholder")):
         if hasattr(src, "_dynamo_source"):
@@ -187,8 +197,6 @@ def _prepare_latent_gather(gm: fx.GraphModule, example_inputs: list, settings: S
         rank_in_group={g: v[0] for g, v in groups.items()},
         world_of_group={g: v[1] for g, v in groups.items()},
         rows_for_input=rows_for_input, graph_id=graph_id)
-    if extra:
-        gm.recompile()
     return plan, extra, bindings
 
 
@@ -232,8 +240,10 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
     graph_id = f"g{next(_graph_counter)}"
     work = _copy_graph_module(gm)
     inputs = list(example_inputs)
-    select_binding.bind_select_sites(work, inputs, settings, graph_id=graph_id)
+    bound = select_binding.bind_select_sites(work, inputs, settings, graph_id=graph_id, recompile=False)
     plan, extra, bindings = _prepare_latent_gather(work, inputs, settings, graph_id)
+    if bound or extra:
+        work.recompile()  # once for both edits (lazy: the code is generated if and when it is called)
     import torch._inductor.config as inductor_config
 
     post_pass = TpflarePostGradPass(plan, settings.decision_hash(),
