@@ -21,10 +21,13 @@ Design (one program per row, no host synchronisation, CUDA-graph capturable):
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
   ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). The whole row's ``s`` stays
   in registers.
-* Phase 1, radix select on ``s``: seven passes of 5-bit digits (``radix_bits``),
-  each a ``tl.histogram`` over the register-resident keys of the candidates that
-  still match the prefix, find ``T``, the score key of the ``min(k, n_valid)``-th
-  candidate, and how many candidates with ``s == T`` are still needed.
+* Phase 1, radix select on ``s``: up to seven passes of 5-bit digits
+  (``radix_bits``), each a ``tl.histogram`` over the register-resident keys of the
+  candidates that still match the prefix, find ``T``, the score key of the
+  ``min(k, n_valid)``-th candidate, and how many candidates with ``s == T`` are
+  still needed. Once every candidate still in play is needed, the remaining
+  passes are skipped and ``T`` becomes the smallest key with the prefix found
+  (so ``s >= T`` selects exactly them); phase 2 stops the same way.
 * Phase 2, only when the cutoff score is tied by more candidates than are
   needed: the same radix select on ``0x7fffffff - id`` over the tied
   candidates (chunks re-read from memory; a rare path) finds the id cutoff ``V``.
@@ -292,15 +295,18 @@ if _HAVE_TRITON:
             t = nsel * 0
             cnt = nvalid
             for p in tl.static_range(NP if ABLATE != 4 else 1):
-                d = _digit(s, p, D)
-                if p > 0:
-                    d = tl.where(_prefix_is(s, t, p, D), d, 0)
-                # every key not in play (invalid, or another prefix) landed in bin 0: take them out
-                h = tl.histogram(d, NB)
-                h = tl.where(bins == 0, h - (BLOCK - cnt), h)
-                dd, above, cnt = _pick_digit(h, rem, NB)
-                rem = rem - above
-                t = _extend(t, dd, p, D)
+                if rem < cnt:  # the cutoff is still inside the candidates in play: one more digit
+                    d = _digit(s, p, D)
+                    if p > 0:
+                        d = tl.where(_prefix_is(s, t, p, D), d, 0)
+                    # every key not in play (invalid, or another prefix) landed in bin 0: take them out
+                    h = tl.histogram(d, NB)
+                    h = tl.where(bins == 0, h - (BLOCK - cnt), h)
+                    dd, above, cnt = _pick_digit(h, rem, NB)
+                    rem = rem - above
+                    t = _extend(t, dd, p, D)
+                else:  # all of them are needed: T is the smallest key with the prefix t
+                    t = _extend(t, t * 0, p, D)
         else:  # chunks re-read from memory (L2) on every pass
             nvalid = tl.zeros((), tl.int32)
             for c0 in range(0, N, CHUNK):
@@ -311,10 +317,13 @@ if _HAVE_TRITON:
             t = nsel * 0
             cnt = nvalid
             for p in tl.static_range(NP):
-                h = _chunked_histogram(sc_row, id_row, N, 0, t, p, D, CHUNK, False)
-                dd, above, cnt = _pick_digit(h, rem, NB)
-                rem = rem - above
-                t = _extend(t, dd, p, D)
+                if rem < cnt:
+                    h = _chunked_histogram(sc_row, id_row, N, 0, t, p, D, CHUNK, False)
+                    dd, above, cnt = _pick_digit(h, rem, NB)
+                    rem = rem - above
+                    t = _extend(t, dd, p, D)
+                else:
+                    t = _extend(t, t * 0, p, D)
         T = t
         if ABLATE == 4 or ABLATE == 5:  # one radix pass / all of phase 1
             tl.store(oid_ptr + row * s_oi, T + rem)
@@ -329,11 +338,15 @@ if _HAVE_TRITON:
         if rem < cnt:
             vt = nsel * 0
             r2 = rem
+            c2 = cnt
             for p in tl.static_range(NP):
-                h2 = _chunked_histogram(sc_row, id_row, N, T, vt, p, D, CHUNK, True)
-                dd2, above2, cnt2 = _pick_digit(h2, r2, NB)
-                r2 = r2 - above2
-                vt = _extend(vt, dd2, p, D)
+                if r2 < c2:
+                    h2 = _chunked_histogram(sc_row, id_row, N, T, vt, p, D, CHUNK, True)
+                    dd2, above2, c2 = _pick_digit(h2, r2, NB)
+                    r2 = r2 - above2
+                    vt = _extend(vt, dd2, p, D)
+                else:  # V is the smallest id key with the prefix vt: every tied one above is needed
+                    vt = _extend(vt, vt * 0, p, D)
             V = vt
             rem2 = r2  # candidates with s == T and id key == V still needed, in position order
 
