@@ -52,11 +52,15 @@ def main(argv=None):
                        backend=a.backend, timeout=600, env=env)
     print(f"W={a.world} {a.backend} C={a.c} k={a.k}; times = slowest rank's median (ms)")
     names = sorted({n for r in first[0]["results"] for n in r["timings"]})
-    print(f"{'Q':>5} " + " ".join(f"{n:>16}" for n in names) + f" {'winner':>16} {'holdouts ok':>12} {'2nd start':>10}")
+    print(f"{'Q':>5} " + " ".join(f"{n:>16}" for n in names) + f" {'winner':>16} {'holdouts ok':>12} {'2nd start':>10}"
+          f" {'timing':>7} {'rank0 bytes before/after race':>30}")
     for r, r2 in zip(first[0]["results"], second[0]["results"]):
         cells = " ".join(f"{(r['timings'][n]['max_rank_ms'] or float('nan')):>16.3f}" for n in names)
         ok = all(not v["failed_ranks"] for v in r["validation"].values())
-        print(f"{r['Q']:>5} {cells} {r['winner']:>16} {str(ok):>12} {r2['source']:>10}")
+        timing = "/".join(sorted({t.get("timing", "?") for t in r["timings"].values()}))
+        mem = r["memory"] or {}
+        mem_cell = f"{mem.get('allocated_before', '-')}/{mem.get('allocated_after', '-')}"
+        print(f"{r['Q']:>5} {cells} {r['winner']:>16} {str(ok):>12} {r2['source']:>10} {timing:>7} {mem_cell:>30}")
     print("second start stats per rank:", [s["stats"] for s in second])
     agree = all(len({f["results"][i]["winner"] for f in first}) == 1 for i in range(len(a.q)))
     print("same winner on every rank:", agree)

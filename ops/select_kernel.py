@@ -267,8 +267,8 @@ if _HAVE_TRITON:
         # grid (Q, SPLIT). With SPLIT > 1 the SPLIT programs of a row repeat the selection
         # (each into its own workspace copy; no communication) and each places 1/SPLIT of
         # the winners by counting ranks, instead of one program sorting all of them.
-        # ABLATE (benchmarks only, wrong results): 1 = no final ordering, 2 = no radix select,
-        # 3 = stop after the load, 4 = stop after one radix pass, 5 = stop after phase 1.
+        # ABLATE (benchmarks only, wrong results): 1 = stop after the compaction, 3 = after the
+        # load, 4 = after one radix pass, 5 = after phase 1 (3 and 4: rows in registers only).
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         sc_row = sc_ptr + row * s_sq
@@ -328,9 +328,6 @@ if _HAVE_TRITON:
         if ABLATE == 4 or ABLATE == 5:  # one radix pass / all of phase 1
             tl.store(oid_ptr + row * s_oi, T + rem)
             return
-        if ABLATE == 2:
-            T = tl.full((), 2147483647, tl.int32)
-            rem = cnt
 
         # ---- phase 2 (ties at the cutoff score): radix select on the ids ---------
         V = nsel * 0 - 1  # id-key cutoff: -1 takes every tied candidate

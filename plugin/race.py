@@ -149,13 +149,17 @@ def reference_select(scores: torch.Tensor, ids: torch.Tensor, k: int):
     return out_ids.masked_fill(pad, -1), out_scores.masked_fill(pad, float("-inf"))
 
 
-def _all_ranks_input(q, c, world, seed, pattern, device, rank):
-    """This rank's share on ``device``, plus every rank's concatenated (for the reference)."""
+def expected_selection(q: int, c: int, k: int, world: int, seed: int, pattern: str):
+    """``reference_select`` of the whole site: every rank's ``make_candidates`` share (CPU),
+    concatenated along the candidates. What every rank's composition output must equal."""
     parts = [make_candidates(q, c, r, world, seed, pattern, torch.device("cpu")) for r in range(world)]
-    mine = tuple(t.to(device) for t in parts[rank])
-    all_s = torch.cat([p[0] for p in parts], dim=1)
-    all_i = torch.cat([p[1] for p in parts], dim=1)
-    return mine, (all_s, all_i)
+    return reference_select(torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1), k)
+
+
+def same_selection(ids: torch.Tensor, scores: torch.Tensor, exp_ids: torch.Tensor, exp_scores: torch.Tensor) -> bool:
+    """Ids equal and score bits equal (so NaN payloads and signed zeros count)."""
+    return torch.equal(ids.cpu(), exp_ids.cpu()) and torch.equal(
+        scores.cpu().view(torch.int32), exp_scores.cpu().view(torch.int32))
 
 
 def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device: torch.device,
@@ -170,14 +174,12 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
     failures: dict[str, list[str]] = {cm.name: [] for cm in comps}
     for h in range(settings.race_holdout):
         pattern = "ties" if h % 2 else "holdout"
-        (s, i), (all_s, all_i) = _all_ranks_input(q, c, world, 100 + h, pattern, device, rank)
-        exp_ids, exp_scores = reference_select(all_s, all_i, k)
+        s, i = make_candidates(q, c, rank, world, 100 + h, pattern, device)
+        exp_ids, exp_scores = expected_selection(q, c, k, world, 100 + h, pattern)
         for cm in comps:
             try:
                 got_ids, got_scores = cm.run(s, i, k, group_name, True)
-                ok = torch.equal(got_ids.cpu(), exp_ids) and torch.equal(
-                    got_scores.cpu().view(torch.int32), exp_scores.view(torch.int32))
-                if not ok:
+                if not same_selection(got_ids, got_scores, exp_ids, exp_scores):
                     failures[cm.name].append(f"holdout {h} ({pattern}): ids or score bits differ")
             except Exception as e:  # a composition that raises is rejected, not fatal
                 failures[cm.name].append(f"holdout {h}: {type(e).__name__}: {e}")
@@ -190,7 +192,7 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
                             "first_failure": (failures[cm.name][:1] or [None])[0]} for cm in comps}
 
     # timing (only valid compositions), same order on every rank
-    (s, i), _ = _all_ranks_input(q, c, world, 7, "trial", device, rank)
+    s, i = make_candidates(q, c, rank, world, 7, "trial", device)
     method = timing_method(settings, device)
     medians: dict[str, float] = {}
     how: dict[str, dict[str, str]] = {}
