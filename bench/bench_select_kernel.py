@@ -51,21 +51,37 @@ TEST_SPECS = (
     "32768:2048,32768:2048:split=16,6144:2048:stride=8192:split=8,6144:2048,6144:2048:split=2,"
     "6144:2048:split=16,2048:2048:order=sort,16384:2048:order=sort,32768:2048:order=sort,"
     "6144:2048:order=sort,6144:2048:radix_bits=3,6144:2048:radix_bits=7,6144:2048:radix_bits=8,"
-    "6144:2048:radix_bits=3:resident=0,6144:2048:radix_bits=7:resident=0,6144:2048:radix_bits=8:resident=0"
+    "6144:2048:radix_bits=3:resident=0,6144:2048:radix_bits=7:resident=0,6144:2048:radix_bits=8:resident=0,"
+    "37:5:path=row,100:64:path=row,300:1:path=row,2048:64:path=row,1000:2048:path=row,6144:100:path=row,"
+    "2048:1:path=row,2048:64:path=row,2048:2048:path=row,16384:1:path=row,16384:64:path=row,16384:2048:path=row,"
+    "32768:1:path=row,32768:64:path=row,32768:2048:path=row,6144:2048:stride=8192:path=row"
 )
+
+
+STAGED_KEYS = ("ca", "fin_chunk", "fin_warps", "rank_rows", "sbits")
 
 
 def sweep_variants(n: int) -> dict:
     """Kernel launch variants timed with --sweep (the default config is always timed as 'kernel').
 
-    ``radix_bits=8`` is the former digit width (four passes of 256 bins instead of seven of 32).
-    ``_ablate`` variants give wrong results on purpose, to show where the time goes: they stop
-    after the compaction (1: no final ordering), after the load (3), after one radix pass (4) or
-    after the whole radix select (5).
+    ``path=row`` is the one-program-a-row kernel (its own bitonic / torch.sort choice), with
+    ``order=sort`` forced too. ``ca`` / ``fin_chunk`` / ``rank_rows`` tune the staged path
+    (``select_staged.staged_config``). ``radix_bits=8`` is the row kernel's former digit width.
+    (The row kernel's ``_ablate`` variants, used for the ablation table of
+    docs/benchmarks_select_kernel.md, are still accepted in ``--precompile`` specs.)
     """
-    vs = [dict(order="bitonic"), dict(order="sort"), dict(radix_bits=8), dict(_ablate=1),
-          dict(_ablate=3), dict(_ablate=4), dict(_ablate=5)]
+    vs = [dict(path="row"), dict(path="row", order="sort"), dict(ca=1024), dict(ca=4096),
+          dict(fin_chunk=1024), dict(fin_chunk=4096), dict(rank_rows=64), dict(sbits=5)]
     return {"kernel_" + "_".join(f"{a.strip('_')}{_spec_value(b)}" for a, b in v.items()): v for v in vs}
+
+
+def kernel_kwargs(flat: dict) -> dict:
+    """A flat variant (or spec) dict as triton_ordered_select keyword arguments."""
+    kw = {a: b for a, b in flat.items() if a not in STAGED_KEYS}
+    st = {("radix_bits" if a == "sbits" else a): b for a, b in flat.items() if a in STAGED_KEYS}
+    if st:
+        kw["staged"] = st
+    return kw
 
 
 def _spec_value(b):
@@ -73,7 +89,7 @@ def _spec_value(b):
 
 
 def _parse_value(a: str, b: str):
-    if a == "order":
+    if a in ("order", "path"):
         return b
     return bool(int(b)) if a == "resident" else int(b)
 
@@ -92,7 +108,7 @@ def _compile_one(spec: str) -> str:
     i = torch.arange(2 * stride, device="cuda", dtype=torch.int32).view(2, stride)[:, :n]
     if stride == n:
         s, i = s.contiguous(), i.contiguous()
-    sk.triton_ordered_select(s, i, k, **cfg)
+    sk.triton_ordered_select(s, i, k, **kernel_kwargs(cfg))
     torch.cuda.synchronize()
     return f"{spec}: {time.time() - t0:.1f}s"
 
@@ -185,9 +201,10 @@ def main(argv=None) -> int:
         specs += TEST_SPECS.split(",")
     for n in ns if args.precompile_bench else []:
         variants = [{}] + (list(sweep_variants(n).values()) if args.sweep else [])
-        for v in variants:  # every final ordering unless the variant names one
-            for order in (("bitonic", "sort") if "order" not in v else (v["order"],)):
-                w = {**v, "order": order}
+        for v in variants:  # the row kernel: every final ordering unless the variant names one
+            row = v.get("path") == "row" or "_ablate" in v or "radix_bits" in v
+            for order in (("bitonic", "sort") if "order" not in v else (v["order"],)) if row else (None,):
+                w = {**v, "order": order} if order else v
                 specs.append(f"{n}:{k}:" + ":".join(f"{a}={_spec_value(b)}" for a, b in w.items()))
     if specs:
         precompile(list(dict.fromkeys(specs)), args.workers)
@@ -210,7 +227,7 @@ def main(argv=None) -> int:
                 ref = torch_ordered(*sets[0], k)
                 methods = {}
                 for name, kw in variants.items():
-                    methods[name] = (lambda s, i, kw=kw: sk.triton_ordered_select(s, i, k, **kw)), sets
+                    methods[name] = (lambda s, i, kw=kernel_kwargs(kw): sk.triton_ordered_select(s, i, k, **kw)), sets
                 methods["topk_packed"] = (lambda key: torch.topk(key, k, dim=1)), keys
                 if args.sweep:  # what ordering k packed keys a row costs in torch (cub/bitonic sort)
                     methods["sort_k_packed"] = (lambda key: torch.sort(key, dim=1, descending=True)), \
@@ -257,14 +274,15 @@ def main(argv=None) -> int:
                 print(f"{pattern:8} {n:6} {q:5} | " + " | ".join(fmt(a, b) for a, b in cells)
                       + f" | {cells[1][0] / ke:8.1f} {cells[3][0] / ke:7.1f} {get(pattern, n, q, 'kernel', 'exact')}")
     if args.sweep:
-        print("\nsweep (eager ms):")
+        print("\nsweep (ms, eager/graph):")
         names = sorted({r["method"] for r in records if r["method"].startswith("kernel")})
         for pattern in args.patterns.split(","):
             for n in ns:
                 for q in qs:
-                    row = [(m, get(pattern, n, q, m, "eager_ms")) for m in names]
-                    row = [(m, v) for m, v in row if v is not None]
-                    print(f"{pattern:8} {n:6} {q:5} " + " ".join(f"{m.replace('kernel', 'k')}={v:.4f}" for m, v in row))
+                    row = [(m, get(pattern, n, q, m, "eager_ms"), get(pattern, n, q, m, "graph_ms")) for m in names]
+                    row = [(m, v, g) for m, v, g in row if v is not None]
+                    print(f"{pattern:8} {n:6} {q:5} " + " ".join(
+                        f"{m.replace('kernel', 'k')}={v:.4f}/{g if g is None else round(g, 4)}" for m, v, g in row))
     return 0
 
 

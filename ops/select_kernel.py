@@ -56,6 +56,8 @@ import os
 
 import torch
 
+from . import select_staged
+
 __all__ = ["available", "supports", "triton_ordered_select", "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
 
 MAX_CANDIDATES = 32768
@@ -94,6 +96,11 @@ def supports(n: int, k: int) -> bool:
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _choose_path(q: int, n: int, k: int, n_sm: int) -> str:
+    """The staged path (a row over many programs) or the one-program-a-row kernel."""
+    return "staged"
 
 
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
@@ -135,29 +142,7 @@ def _launch_config(block: int, kb: int, q: int, n_sm: int, num_warps=None, chunk
 
 
 if _HAVE_TRITON:
-
-    @triton.jit
-    def _score_key(bits, ids):
-        # int32 whose signed order is the selection order of the score:
-        # IEEE bit order (+0 above -0), NaN = INT_MIN + 1 (below -inf), invalid = INT_MIN.
-        s = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-        s = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, -2147483647, s)
-        s = tl.where(ids >= 0, s, -2147483648)
-        return s
-
-    @triton.jit
-    def _pick_digit(h, rem, NB: tl.constexpr):
-        # h: histogram of one digit over the candidates still in play; rem: how many of
-        # them are wanted (largest digits first). Returns the digit d holding the rem-th
-        # largest, how many are above d, and how many have digit d (one scan, one max).
-        suf = tl.cumsum(h, 0, reverse=True)  # candidates with digit >= d
-        bins = tl.arange(0, NB).to(tl.int64)
-        packed = tl.where(suf >= rem, (bins << 40) | ((suf - h).to(tl.int64) << 20) | h.to(tl.int64), 0)
-        best = tl.max(packed, 0)  # the largest digit whose suffix still holds rem
-        d = (best >> 40).to(tl.int32)
-        above = ((best >> 20) & 0xFFFFF).to(tl.int32)
-        cnt = (best & 0xFFFFF).to(tl.int32)
-        return d, above, cnt
+    from .radix import digit, extend, pick_digit, prefix_is, score_key
 
     @triton.jit
     def _indicator(n_dims: tl.constexpr, j: tl.constexpr):
@@ -199,35 +184,6 @@ if _HAVE_TRITON:
         return tl.reshape(h, x.shape), tl.reshape(hp, p.shape)
 
     @triton.jit
-    def _digit(s, p: tl.constexpr, D: tl.constexpr):
-        # p-th digit (most significant first) of an int32 key, as an unsigned number: digits
-        # are D bits wide, the last one takes what is left of the 32 bits
-        if D * (p + 1) <= 32:
-            d = (s >> (32 - D * (p + 1))) & ((1 << D) - 1)
-            if p == 0:
-                d = d ^ (1 << (D - 1))  # the sign bit: negative keys below positive ones
-        else:
-            d = s & ((1 << (32 - D * p)) - 1)
-        return d
-
-    @triton.jit
-    def _prefix_is(s, t, p: tl.constexpr, D: tl.constexpr):
-        # do the digits above digit p of key s equal the prefix t (raw bits)?
-        return ((s >> (32 - D * p)) & ((1 << (D * p)) - 1)) == t
-
-    @triton.jit
-    def _extend(t, dd, p: tl.constexpr, D: tl.constexpr):
-        # the prefix t (raw bits) followed by digit dd
-        if p == 0:
-            t = dd ^ (1 << (D - 1))
-        else:
-            if D * (p + 1) <= 32:
-                t = (t << D) | dd
-            else:
-                t = (t << (32 - D * p)) | dd
-        return t
-
-    @triton.jit
     def _load_chunk(sc_row, id_row, c0, N, CHUNK: tl.constexpr):
         o = c0 + tl.arange(0, CHUNK)
         mc = o < N
@@ -244,7 +200,7 @@ if _HAVE_TRITON:
         h = tl.zeros([1 << D], dtype=tl.int32)
         for c0 in range(0, N, CHUNK):
             b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
-            sc = _score_key(b, i)
+            sc = score_key(b, i)
             if IDS:
                 m = sc == T
                 x = 2147483647 - tl.maximum(i, 0)
@@ -252,8 +208,8 @@ if _HAVE_TRITON:
                 m = sc != -2147483648
                 x = sc
             if p > 0:
-                m = m & _prefix_is(x, t, p, D)
-            h += tl.histogram(_digit(x, p, D), 1 << D, mask=m)
+                m = m & prefix_is(x, t, p, D)
+            h += tl.histogram(digit(x, p, D), 1 << D, mask=m)
         return h
 
     @triton.jit
@@ -285,7 +241,7 @@ if _HAVE_TRITON:
             offs = tl.arange(0, BLOCK)
             inb = offs < N
             bits = tl.load(sc_row + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
-            s = _score_key(bits, tl.load(id_row + offs, mask=inb, other=-1))
+            s = score_key(bits, tl.load(id_row + offs, mask=inb, other=-1))
             nvalid = tl.sum((s != -2147483648).to(tl.int32), 0)
             if ABLATE == 3:  # load only
                 tl.store(oid_ptr + row * s_oi, nvalid)
@@ -296,17 +252,17 @@ if _HAVE_TRITON:
             cnt = nvalid
             for p in tl.static_range(NP if ABLATE != 4 else 1):
                 if rem < cnt:  # the cutoff is still inside the candidates in play: one more digit
-                    d = _digit(s, p, D)
+                    d = digit(s, p, D)
                     if p > 0:
-                        d = tl.where(_prefix_is(s, t, p, D), d, 0)
+                        d = tl.where(prefix_is(s, t, p, D), d, 0)
                     # every key not in play (invalid, or another prefix) landed in bin 0: take them out
                     h = tl.histogram(d, NB)
                     h = tl.where(bins == 0, h - (BLOCK - cnt), h)
-                    dd, above, cnt = _pick_digit(h, rem, NB)
+                    dd, above, cnt = pick_digit(h, rem, NB)
                     rem = rem - above
-                    t = _extend(t, dd, p, D)
+                    t = extend(t, dd, p, D)
                 else:  # all of them are needed: T is the smallest key with the prefix t
-                    t = _extend(t, t * 0, p, D)
+                    t = extend(t, t * 0, p, D)
         else:  # chunks re-read from memory (L2) on every pass
             nvalid = tl.zeros((), tl.int32)
             for c0 in range(0, N, CHUNK):
@@ -319,11 +275,11 @@ if _HAVE_TRITON:
             for p in tl.static_range(NP):
                 if rem < cnt:
                     h = _chunked_histogram(sc_row, id_row, N, 0, t, p, D, CHUNK, False)
-                    dd, above, cnt = _pick_digit(h, rem, NB)
+                    dd, above, cnt = pick_digit(h, rem, NB)
                     rem = rem - above
-                    t = _extend(t, dd, p, D)
+                    t = extend(t, dd, p, D)
                 else:
-                    t = _extend(t, t * 0, p, D)
+                    t = extend(t, t * 0, p, D)
         T = t
         if ABLATE == 4 or ABLATE == 5:  # one radix pass / all of phase 1
             tl.store(oid_ptr + row * s_oi, T + rem)
@@ -339,11 +295,11 @@ if _HAVE_TRITON:
             for p in tl.static_range(NP):
                 if r2 < c2:
                     h2 = _chunked_histogram(sc_row, id_row, N, T, vt, p, D, CHUNK, True)
-                    dd2, above2, c2 = _pick_digit(h2, r2, NB)
+                    dd2, above2, c2 = pick_digit(h2, r2, NB)
                     r2 = r2 - above2
-                    vt = _extend(vt, dd2, p, D)
+                    vt = extend(vt, dd2, p, D)
                 else:  # V is the smallest id key with the prefix vt: every tied one above is needed
-                    vt = _extend(vt, vt * 0, p, D)
+                    vt = extend(vt, vt * 0, p, D)
             V = vt
             rem2 = r2  # candidates with s == T and id key == V still needed, in position order
 
@@ -352,7 +308,7 @@ if _HAVE_TRITON:
         tbase = nsel * 0  # (s == T, id key == V) candidates seen so far
         for c0 in range(0, N, CHUNK):
             b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
-            sk = _score_key(b, i)
+            sk = score_key(b, i)
             v = 2147483647 - tl.maximum(i, 0)
             tie = (sk == T) & (sk != -2147483648)
             a = ((sk > T) | (tie & (v > V))).to(tl.int32)  # sk > T implies valid
@@ -434,7 +390,8 @@ if _HAVE_TRITON:
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           num_warps: int | None = None, chunk: int | None = None,
                           resident: bool | None = None, split: int | None = None, order: str | None = None,
-                          radix_bits: int = 5, _ablate: int = 0):
+                          radix_bits: int | None = None, path: str | None = None, staged: dict | None = None,
+                          _ablate: int = 0):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
@@ -442,6 +399,9 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     compiling call outside capture). ``num_warps``, ``chunk``, ``resident``, ``split``,
     ``order`` and ``radix_bits`` (digit width of the radix select) are tuning knobs for
     benchmarks (defaults: ``_launch_config``; 5-bit digits, see the module docstring).
+    ``path``: ``"row"`` (one program a row, this module's kernel) or ``"staged"`` (each row
+    spread over many programs, ``select_staged``); default ``_choose_path``. ``staged``: tuning
+    knobs of the staged path (``select_staged.staged_config``; ``radix_bits`` there).
     """
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
@@ -468,6 +428,19 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     block = max(16, _next_pow2(n))
     kb = max(2, _next_pow2(k))
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
+    row_opts = (num_warps, chunk, resident, split, order, radix_bits)
+    if path is None:  # an option of the one-program-a-row kernel asks for that kernel
+        path = "row" if _ablate or any(o is not None for o in row_opts) else _choose_path(q, n, k, n_sm)
+    if path not in ("row", "staged"):
+        raise ValueError(f"path must be row or staged, got {path!r}")
+    if path == "staged":
+        opts = dict(staged or {})
+        if not 2 <= int(opts.get("radix_bits", 8)) <= 8:
+            raise ValueError(f"radix_bits must be in 2..8, got {opts['radix_bits']}")
+        return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, **opts)
+    if staged:
+        raise ValueError("staged options given with path='row'")
+    radix_bits = 5 if radix_bits is None else int(radix_bits)
     nw, chunk, resident, split, order = _launch_config(block, kb, q, n_sm, num_warps, chunk, resident, split, order)
     if split < 1 or split & (split - 1) or split > kb:
         raise ValueError(f"split must be a power of two <= {kb}, got {split}")

@@ -172,29 +172,50 @@ def test_references_agree():
 SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 
 
-@pytest.mark.parametrize("resident", [None, False], ids=["default", "chunked"])
+VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,k", SMALL)
-def test_small_against_python(kind, n, k, resident):
-    """Both phase-1 variants (keys in registers / chunks re-read) against a plain sort."""
+def test_small_against_python(kind, n, k, variant):
+    """The staged path and both phase-1 variants of the row kernel (keys in registers /
+    chunks re-read) against a plain sort."""
     _require_kernel()
     scores, ids = make_case(kind, 2, n, k, seed=7)
-    got = run_kernel(scores, ids, k, resident=resident)
-    check_equal(got, ref_python(scores, ids, k), f"{kind} n={n} k={k} resident={resident}")
+    got = run_kernel(scores, ids, k, **VARIANTS[variant])
+    check_equal(got, ref_python(scores, ids, k), f"{kind} n={n} k={k} {variant}")
+
+
+# the staged path with tiny tiles: many programs a row, several finish steps over the
+# in-play list, several rank tiles, and 3- and 5-bit digits in the finish passes
+STAGED_TILES = [dict(ca=64, fin_chunk=32, fin_warps=1, rank_rows=16), dict(ca=512, fin_chunk=64, radix_bits=5),
+                dict(fin_chunk=128, radix_bits=3)]
+
+
+@pytest.mark.parametrize("tiles", range(len(STAGED_TILES)))
+@pytest.mark.parametrize("kind", KINDS)
+def test_staged_tiles(kind, tiles):
+    _require_kernel()
+    for n, k in [(300, 64), (1000, 2048), (6144, 2048)]:
+        scores, ids = make_case(kind, 3, n, k, seed=13)
+        got = run_kernel(scores, ids, k, path="staged", staged=STAGED_TILES[tiles])
+        check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} {STAGED_TILES[tiles]}")
 
 
 ROWS = [1, 7, 64, 1024]
 
 
+@pytest.mark.parametrize("path", ["staged", "row"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("k", [1, 64, 2048])
 @pytest.mark.parametrize("n", [2048, 8 * 2048, 16 * 2048])
-def test_against_packed_topk(kind, k, n):
+def test_against_packed_topk(kind, k, n, path):
     _require_kernel()
     rows = ROWS if not INTERPRET else [1, 2]
     for q in rows:
         scores, ids = make_case(kind, q, n, k, seed=q * 31 + n + k, device=_device())
-        check_equal(run_kernel(scores, ids, k), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
+        check_equal(run_kernel(scores, ids, k, path=path), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k} {path}")
 
 
 ORDERS = [("bitonic", None), ("rank", 2), ("rank", 16), ("sort", None)]
@@ -223,7 +244,8 @@ def test_radix_digit_widths(bits, resident):
         check_equal(got, ref_packed(scores, ids, 2048), f"{kind} radix_bits={bits} resident={resident}")
 
 
-def test_strided_rows_and_no_host_sync():
+@pytest.mark.parametrize("path", ["staged", "row"])
+def test_strided_rows_and_no_host_sync(path):
     _require_kernel()
     if INTERPRET:
         pytest.skip("sync debug mode needs CUDA")
@@ -233,17 +255,17 @@ def test_strided_rows_and_no_host_sync():
     big_s[:, : 3 * 2048] = scores.cuda()
     big_i[:, : 3 * 2048] = ids.cuda()
     s_view, i_view = big_s[:, : 3 * 2048], big_i[:, : 3 * 2048]
-    sk.triton_ordered_select(s_view, i_view, 2048)  # compile outside the check
+    sk.triton_ordered_select(s_view, i_view, 2048, path=path)  # compile outside the check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        got = sk.triton_ordered_select(s_view, i_view, 2048)
+        got = sk.triton_ordered_select(s_view, i_view, 2048, path=path)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    check_equal(got, ref_packed(scores, ids, 2048), "strided")
+    check_equal(got, ref_packed(scores, ids, 2048), f"strided {path}")
 
 
-@pytest.mark.parametrize("order", ["bitonic", "sort"])
+@pytest.mark.parametrize("order", ["bitonic", "sort", "staged"])
 def test_cuda_graph_capture_and_replay(order):
     _require_kernel()
     if INTERPRET:
@@ -251,11 +273,12 @@ def test_cuda_graph_capture_and_replay(order):
     q, n, k = 64, 8 * 2048, 2048
     scores, ids = make_case("random", q, n, k, seed=11)
     st_s, st_i = scores.cuda(), ids.cuda()
-    sk.triton_ordered_select(st_s, st_i, k, order=order)  # warm-up: compile outside capture
+    kw = dict(path="staged") if order == "staged" else dict(order=order)
+    sk.triton_ordered_select(st_s, st_i, k, **kw)  # warm-up: compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sk.triton_ordered_select(st_s, st_i, k, order=order)
+        out = sk.triton_ordered_select(st_s, st_i, k, **kw)
     for i, kind in enumerate(["ties", "padding", "special", "random"]):
         s2, i2 = make_case(kind, q, n, k, seed=100 + i, device="cuda")
         st_s.copy_(s2)
@@ -278,6 +301,12 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      radix_bits=9)
+        with pytest.raises(ValueError):
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     path="staged", staged=dict(radix_bits=9))
+        with pytest.raises(ValueError):
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     path="rows")
     assert not sk.supports(sk.MAX_CANDIDATES + 1, 1)
     assert not sk.supports(16, sk.MAX_K + 1)
     assert sk.supports(16 * 2048, 2048)
