@@ -58,27 +58,29 @@ TEST_SPECS = (
 )
 
 
-STAGED_KEYS = ("ca", "fin_chunk", "fin_warps", "rank_rows", "sbits")
+STAGED_KEYS = ("ca", "fin_chunk", "fin_warps", "fres", "rank_rows", "sorder", "sbits")
+_STAGED_NAMES = {"fres": "fin_resident", "sorder": "order", "sbits": "radix_bits"}
 
 
 def sweep_variants(n: int) -> dict:
     """Kernel launch variants timed with --sweep (the default config is always timed as 'kernel').
 
     ``path=row`` is the one-program-a-row kernel (its own bitonic / torch.sort choice), with
-    ``order=sort`` forced too. ``ca`` / ``fin_chunk`` / ``rank_rows`` tune the staged path
-    (``select_staged.staged_config``). ``radix_bits=8`` is the row kernel's former digit width.
+    ``order=sort`` forced too. The others tune the staged path (``select_staged``): ``sorder``
+    its final ordering (rank kernel or torch.sort), ``ca`` candidates a program, ``fres`` the
+    in-play candidates the finish kernel holds in registers, ``sbits`` its digit width. ``radix_bits=8`` is the row kernel's former digit width.
     (The row kernel's ``_ablate`` variants, used for the ablation table of
     docs/benchmarks_select_kernel.md, are still accepted in ``--precompile`` specs.)
     """
-    vs = [dict(path="row"), dict(path="row", order="sort"), dict(ca=1024), dict(ca=4096),
-          dict(fin_chunk=1024), dict(fin_chunk=4096), dict(rank_rows=64), dict(sbits=5)]
+    vs = [dict(path="row"), dict(path="row", order="sort"), dict(sorder="rank"), dict(sorder="sort"),
+          dict(ca=1024), dict(ca=4096), dict(fres=1024), dict(fres=8192), dict(sbits=5)]
     return {"kernel_" + "_".join(f"{a.strip('_')}{_spec_value(b)}" for a, b in v.items()): v for v in vs}
 
 
 def kernel_kwargs(flat: dict) -> dict:
     """A flat variant (or spec) dict as triton_ordered_select keyword arguments."""
     kw = {a: b for a, b in flat.items() if a not in STAGED_KEYS}
-    st = {("radix_bits" if a == "sbits" else a): b for a, b in flat.items() if a in STAGED_KEYS}
+    st = {_STAGED_NAMES.get(a, a): b for a, b in flat.items() if a in STAGED_KEYS}
     if st:
         kw["staged"] = st
     return kw
@@ -89,7 +91,7 @@ def _spec_value(b):
 
 
 def _parse_value(a: str, b: str):
-    if a in ("order", "path"):
+    if a in ("order", "path", "sorder"):
         return b
     return bool(int(b)) if a == "resident" else int(b)
 

@@ -38,8 +38,9 @@ Design (one program per row, no host synchronisation, CUDA-graph capturable):
   ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)`` plus the raw score bits into a
   ``[Q, next_pow2(k)]`` workspace.
 * Sort: the ``next_pow2(k)`` slots (empty ones hold key ``-1``) are sorted
-  descending by a bitonic network that carries the score bits as payload; ids are
-  decoded from the key. With many rows (``Q >= 4 * SMs``) the kernel stops after
+  descending by a bitonic network on (key, slot): equal keys (duplicates, told apart
+  only by NaN payloads) keep the slot order, which is the position order. Ids are
+  decoded from the key, score bits gathered by slot. With many rows (``Q >= 4 * SMs``) the kernel stops after
   the compaction and ``torch.sort(stable=True)`` orders the packed keys (slots
   are in position order, so equal keys keep it), then a small kernel decodes.
 
@@ -161,7 +162,9 @@ if _HAVE_TRITON:
         y = x ^ sx  # partner's key
         q = p ^ sp  # partner's payload
         is_right = _indicator(n_dims, i)
-        left_gt = tl.where(is_right == 1, y > x, x > y)  # same decision on both sides of a pair
+        # does the left element of the pair come first: a larger key, or an equal key (a
+        # duplicate) at an earlier slot (the payload is the slot); the same decision on both sides
+        left_gt = tl.where(is_right == 1, (y > x) | ((y == x) & (q < p)), (x > y) | ((x == y) & (p < q)))
         swap = left_gt.to(tl.int32) != flip
         return tl.where(swap, y, x), tl.where(swap, q, p)
 
@@ -339,9 +342,10 @@ if _HAVE_TRITON:
             j = tl.arange(0, KB)
             live = j < nsel
             key = tl.load(wk_row + j, mask=live, other=-1, cache_modifier=".cg")
-            val = tl.load(wv_row + j, mask=live, other=-8388608, cache_modifier=".cg")
-            if ABLATE != 1:
-                key, val = _sort_pairs_desc(key, val, LOG_KB)
+            slot = j
+            if ABLATE != 1:  # sorted by (key descending, slot): slots are in position order
+                key, slot = _sort_pairs_desc(key, slot, LOG_KB)
+            val = tl.load(wv_row + slot, mask=key >= 0, other=-8388608, cache_modifier=".cg")
             pos = j
         else:
             # this program's slice of the slots; rank = winners with a larger key, or an

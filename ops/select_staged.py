@@ -212,19 +212,73 @@ if _HAVE_TRITON:
         return t, rem, cnt
 
     @triton.jit
+    def _res_select(x, inm, rem, cnt, D: tl.constexpr):
+        # _play_select on keys held in registers (x, with inm the candidates of this phase)
+        lo = tl.min(tl.where(inm, x, 2147483647), 0)
+        hi = tl.max(tl.where(inm, x, -2147483648), 0)
+        t = rem * 0
+        for p in tl.static_range((32 + D - 1) // D):
+            if rem < cnt:
+                if D * (p + 1) >= 32:
+                    same = lo == hi
+                else:
+                    same = ((lo ^ hi) >> (32 - D * (p + 1))) == 0
+                if same:
+                    t = extend(t, digit(hi, p, D), p, D)
+                else:
+                    msk = inm
+                    if p > 0:
+                        msk = msk & prefix_is(x, t, p, D)
+                    h = tl.histogram(digit(x, p, D), 1 << D, mask=msk)
+                    dd, above, cnt = pick_digit(h, rem, 1 << D)
+                    rem = rem - above
+                    t = extend(t, dd, p, D)
+            else:
+                t = extend(t, t * 0, p, D)
+        return t, rem, cnt
+
+    @triton.jit
+    def _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.constexpr):
+        si = sel.to(tl.int32)
+        slot = base + tl.cumsum(si, 0) - 1
+        tl.store(wk_ptr + row * KB + slot, _packed_key(s, v), mask=sel)
+        tl.store(wv_ptr + row * KB + slot, b, mask=sel)
+        tl.store(wo_ptr + row * KB + slot, o, mask=sel)
+        return base + tl.sum(si, 0)
+
+    @triton.jit
     def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
-                       HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr):
+                       HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
+                       FR: tl.constexpr, SORT_OUTSIDE: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
         tl.store(cnt_ptr + row, nsel)
         need = nsel - above
-        if need < m:
-            sc_row = sc_ptr + row * s_sq
-            id_row = id_ptr + row * s_iq
-            p_row = p_ptr + row * N
-            T, rem, cnt = _play_select(p_row, sc_row, id_row, m, 0, 0, need, m, 0, D, CH)
+        sc_row = sc_ptr + row * s_sq
+        id_row = id_ptr + row * s_iq
+        p_row = p_ptr + row * N
+        if need < m and m <= FR:  # the in-play candidates fit in registers: one load
+            j = tl.arange(0, FR)
+            mj = j < m
+            o = tl.load(p_row + j, mask=mj, other=0)
+            b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
+            i = tl.load(id_row + o, mask=mj, other=0)
+            s = score_key(b, i)
+            v = 2147483647 - i
+            w = 2147483647 - o
+            T, rem, cnt = _res_select(s, mj, need, m, D)
             V = T * 0 - 1  # -1: every candidate with score key T is taken
             W = T * 0  # 0: every duplicate (score key T, id key V) is taken
+            if rem < cnt:
+                V, rem2, c2 = _res_select(v, mj & (s == T), rem, cnt, D)
+                if rem2 < c2:
+                    W, rem3, c3 = _res_select(w, mj & (s == T) & (v == V), rem2, c2, D)
+            sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & (w >= W)))))
+            _store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
+        elif need < m:  # more than FR: the same passes over chunks of P
+            T, rem, cnt = _play_select(p_row, sc_row, id_row, m, 0, 0, need, m, 0, D, CH)
+            V = T * 0 - 1
+            W = T * 0
             if rem < cnt:
                 V, rem2, c2 = _play_select(p_row, sc_row, id_row, m, T, 0, rem, cnt, 1, D, CH)
                 if rem2 < c2:
@@ -239,12 +293,10 @@ if _HAVE_TRITON:
                 s = score_key(b, i)
                 v = 2147483647 - i
                 sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
-                si = sel.to(tl.int32)
-                slot = base + tl.cumsum(si, 0) - 1
-                tl.store(wk_ptr + row * KB + slot, _packed_key(s, v), mask=sel)
-                tl.store(wv_ptr + row * KB + slot, b, mask=sel)
-                tl.store(wo_ptr + row * KB + slot, o, mask=sel)
-                base += tl.sum(si, 0)
+                base = _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB)
+        if SORT_OUTSIDE:  # torch.sort orders the winner keys: the empty slots become key -1 (last)
+            jk = tl.arange(0, KB)
+            tl.store(wk_ptr + row * KB + jk, tl.full([KB], -1, tl.int64), mask=jk >= nsel)
 
     @triton.jit
     def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
@@ -258,7 +310,7 @@ if _HAVE_TRITON:
         key = tl.load(wk_row + j, mask=live, other=-1)
         o = tl.load(wo_row + j, mask=live, other=0)
         val = tl.load(wv_ptr + row * KB + j, mask=live, other=-8388608)
-        rank = tl.zeros([SL], dtype=tl.int32)
+        acc = tl.zeros([SL, JB], dtype=tl.int32)  # one reduction at the end, not one a step
         if tl.program_id(1) * SL < nsel:
             for j0 in range(0, nsel, JB):
                 jj = j0 + tl.arange(0, JB)
@@ -266,7 +318,8 @@ if _HAVE_TRITON:
                 kj = tl.load(wk_row + jj, mask=mm, other=-1)
                 oj = tl.load(wo_row + jj, mask=mm, other=0)
                 before = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None]) & (oj[None, :] < o[:, None]))
-                rank += tl.sum((before & mm[None, :]).to(tl.int32), 1)
+                acc += (before & mm[None, :]).to(tl.int32)
+        rank = tl.sum(acc, 1)
         pos = tl.where(live, rank, j)  # winners to their rank; the slots past them get pads
         out_id = tl.where(live, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32)
         out_sc = tl.where(live, val, -8388608).to(tl.float32, bitcast=True)
@@ -275,8 +328,59 @@ if _HAVE_TRITON:
         tl.store(osc_ptr + row * s_os + pos, out_sc, mask=mk)
 
 
+if _HAVE_TRITON:
+
+    @triton.jit
+    def _max2(a, b):
+        return tl.maximum(a, b)
+
+    @triton.jit
+    def _min2(a, b):
+        return tl.minimum(a, b)
+
+    @triton.jit
+    def _decode_runs_kernel(key_ptr, pos_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
+                            KB: tl.constexpr):
+        # winner keys sorted descending (torch.sort, any tie order) with their W slots: ids from
+        # the key, score bits from the slot. Equal keys (duplicates: same score key and id; only
+        # NaN payloads can tell them apart) form runs; each run is put in position order.
+        row = tl.program_id(0).to(tl.int64)
+        nsel = tl.load(cnt_ptr + row)
+        j = tl.arange(0, KB)
+        live = j < nsel
+        k_row = key_ptr + row * KB
+        p_row = pos_ptr + row * KB
+        key = tl.load(k_row + j)
+        slot = tl.load(p_row + j, mask=live, other=0)
+        val = tl.load(wv_ptr + row * KB + slot, mask=live, other=-8388608)
+        prev = tl.load(k_row + j - 1, mask=j > 0, other=-2)
+        nxt = tl.load(k_row + j + 1, mask=j < KB - 1, other=-2)
+        a = tl.associative_scan(tl.where(key != prev, j, 0), 0, _max2)  # run start
+        e = tl.associative_scan(tl.where(key != nxt, j, KB), 0, _min2, reverse=True)  # run end (incl.)
+        dest = j
+        longest = tl.max(tl.where(live, e - a + 1, 1), 0)
+        if longest > 1:
+            o = tl.load(wo_ptr + row * KB + slot, mask=live, other=0)
+            r = tl.zeros([KB], dtype=tl.int32)
+            for t in range(0, longest):
+                i = a + t
+                mi = live & (i <= e)
+                oi = tl.load(wo_ptr + row * KB + tl.load(p_row + i, mask=mi, other=0), mask=mi, other=0)
+                r += (mi & (oi < o)).to(tl.int32)
+            dest = tl.where(live, a + r, j)  # the empty slots past the winners stay pads
+        out_id = tl.where(live, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32)
+        out_sc = tl.where(live, val, -8388608).to(tl.float32, bitcast=True)
+        mk = dest < K
+        tl.store(oid_ptr + row * s_oi + dest, out_id, mask=mk)
+        tl.store(osc_ptr + row * s_os + dest, out_sc, mask=mk)
+
+
+RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners, beyond torch.sort
+
+
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
-                  n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, rank_rows=None, radix_bits: int = 8):
+                  n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
+                  order=None, radix_bits: int = 8):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
@@ -284,6 +388,13 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     """
     q, n = scores.shape
     kb = max(2, _next_pow2(k))
+    if order is None:
+        order = "rank" if q <= RANK_MAX_ROWS else "sort"
+    if order not in ("rank", "sort"):
+        raise ValueError(f"staged order must be rank or sort, got {order!r}")
+    fr = 4096 if fin_resident is None else int(fin_resident)
+    if fr < 16 or fr & (fr - 1):
+        raise ValueError(f"fin_resident must be a power of two >= 16, got {fr}")
     ca, nw_a, ch, fw, sl, jb = staged_config(n, kb, q, n_sm, ca, fin_chunk, fin_warps, rank_rows)
     dev = scores.device
     z = torch.zeros((q, _ZS), dtype=torch.int32, device=dev)
@@ -300,7 +411,13 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, n, k, scores.stride(0), ids.stride(0),
                             CA=ca, HB=HIST_BITS, ZS=_ZS, KB=kb, num_warps=nw_a)
     _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
-                         HB=HIST_BITS, ZS=_ZS, KB=kb, D=int(radix_bits), CH=ch, num_warps=fw)
-    _rank_kernel[(q, kb // sl)](wk, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
-                                KB=kb, SL=sl, JB=jb, num_warps=4)
+                         HB=HIST_BITS, ZS=_ZS, KB=kb, D=int(radix_bits), CH=ch, FR=fr,
+                         SORT_OUTSIDE=order == "sort", num_warps=fw)
+    if order == "rank":
+        _rank_kernel[(q, kb // sl)](wk, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+                                    KB=kb, SL=sl, JB=jb, num_warps=4)
+    else:
+        key, pos = torch.sort(wk.view(q, kb), dim=1, descending=True)
+        _decode_runs_kernel[(q,)](key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+                                  KB=kb, num_warps=max(1, min(8, kb // 256)))
     return out_ids, out_sc

@@ -1,7 +1,8 @@
 """GPU tests of ops/select_kernel.py against two independent references.
 
 * ``ref_packed``: a packed int64 key (valid | total-order score bits | inverted id)
-  and ``torch.topk`` on the CPU, scores gathered by the returned positions.
+  and a stable ``torch.sort`` (equal keys in position order), scores gathered by the
+  returned positions.
 * ``ref_python``: a plain Python sort with the rule spelled out on Python floats
   (small cases only).
 
@@ -60,7 +61,9 @@ def ref_packed(scores: torch.Tensor, ids: torch.Tensor, k: int):
     out_ids = torch.full((q, k), -1, dtype=torch.int32, device=scores.device)
     out_sc = torch.full((q, k), float("-inf"), dtype=torch.float32, device=scores.device)
     if kk > 0:
-        top, pos = torch.topk(key, kk, dim=1, largest=True, sorted=True)
+        # a stable sort: equal keys (duplicate ids with NaN scores) stay in position order
+        top, pos = torch.sort(key, dim=1, descending=True, stable=True)
+        top, pos = top[:, :kk], pos[:, :kk]
         ok = top >= 0
         out_ids[:, :kk] = torch.where(ok, torch.gather(ids, 1, pos), torch.full_like(pos, -1, dtype=torch.int32))
         g = torch.gather(scores.view(torch.int32), 1, pos)
@@ -138,6 +141,15 @@ def _make_case(kind, q, n, k, seed, device):
         half = n // 2
         ids[:, half:] = ids[:, : n - half]
         scores[:, half:] = scores[:, : n - half]
+    elif kind == "nandups":
+        # most scores NaN with assorted payloads, and every id twice: equal keys (same id, both
+        # NaN) whose score bits differ, so only the position order tells them apart
+        nan_bits = torch.tensor([0x7FC00000, 0x7FC00001, 0x7F800001, 0xFFC00002 - (1 << 32), 0xFFFFFFFF - (1 << 32)],
+                                dtype=torch.int32).view(torch.float32)
+        pick = torch.randint(0, len(nan_bits), (q, n), generator=g)
+        scores = torch.where(torch.rand(q, n, generator=g) < 0.8, nan_bits[pick], scores)
+        half = n // 2
+        ids[:, half:] = ids[:, : n - half]
     else:
         raise ValueError(kind)
     return scores.contiguous(), ids.contiguous()
@@ -159,7 +171,7 @@ def run_kernel(scores, ids, k, **config):
 
 
 # --------------------------------------------------------------------------- tests
-KINDS = ["random", "ties", "equal", "special", "padding", "dups"]
+KINDS = ["random", "ties", "equal", "special", "padding", "dups", "nandups"]
 
 
 def test_references_agree():
@@ -218,17 +230,22 @@ def test_against_packed_topk(kind, k, n, path):
         check_equal(run_kernel(scores, ids, k, path=path), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k} {path}")
 
 
-ORDERS = [("bitonic", None), ("rank", 2), ("rank", 16), ("sort", None)]
+ORDERS = [("bitonic", None), ("rank", 2), ("rank", 16), ("sort", None), ("staged_rank", None), ("staged_sort", None)]
 
 
 @pytest.mark.parametrize("order,split", ORDERS, ids=[f"{o}{s or ''}" for o, s in ORDERS])
-@pytest.mark.parametrize("kind", ["ties", "dups", "padding", "special"])
+@pytest.mark.parametrize("kind", ["ties", "dups", "nandups", "padding", "special"])
 def test_final_orderings(kind, order, split):
-    """Every final ordering: one program's bitonic network, SPLIT programs counting ranks, or
-    the unordered winners sorted by torch.sort (stable) and decoded."""
+    """Every final ordering: the row kernel's bitonic network, SPLIT programs counting ranks, or
+    the unordered winners sorted by torch.sort (stable) and decoded; the staged path's rank
+    kernel, or torch.sort (any tie order) and a decode that puts equal keys in position order."""
     _require_kernel()
     scores, ids = make_case(kind, 3, 6144, 2048, seed=5)
-    got = run_kernel(scores, ids, 2048, split=split, order=order)
+    if order.startswith("staged_"):
+        kw = dict(path="staged", staged=dict(order=order[len("staged_"):]))
+    else:
+        kw = dict(split=split, order=order)
+    got = run_kernel(scores, ids, 2048, **kw)
     check_equal(got, ref_packed(scores, ids, 2048), f"{kind} order={order} split={split}")
 
 
