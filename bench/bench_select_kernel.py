@@ -54,11 +54,27 @@ TEST_SPECS = (
     "6144:2048:radix_bits=3:resident=0,6144:2048:radix_bits=7:resident=0,6144:2048:radix_bits=8:resident=0,"
     "37:5:path=row,100:64:path=row,300:1:path=row,2048:64:path=row,1000:2048:path=row,6144:100:path=row,"
     "2048:1:path=row,2048:64:path=row,2048:2048:path=row,16384:1:path=row,16384:64:path=row,16384:2048:path=row,"
-    "32768:1:path=row,32768:64:path=row,32768:2048:path=row,6144:2048:stride=8192:path=row"
+    "32768:1:path=row,32768:64:path=row,32768:2048:path=row,6144:2048:stride=8192:path=row,"
+    # the staged path (tests: 1, 2, 3, 7 and 64 rows; tiles of test_staged_tiles)
+    "37:5:path=staged,100:64:path=staged,300:1:path=staged,2048:64:path=staged,1000:2048:path=staged,"
+    "6144:100:path=staged,2048:1:path=staged,2048:2048:path=staged,16384:1:path=staged,16384:64:path=staged,"
+    "16384:2048:path=staged,32768:1:path=staged,32768:64:path=staged,32768:2048:path=staged,"
+    "2048:1:q=64,2048:64:q=64,2048:2048:q=64,16384:1:q=64:path=staged,16384:64:q=64:path=staged,"
+    "16384:2048:q=64:path=staged,32768:1:q=64,32768:64:q=64,32768:2048:q=64,6144:2048:path=staged,"
+    "6144:2048:path=staged:sorder=sort,6144:2048:stride=8192:path=staged,300:64:path=staged,"
+    "1000:2048:path=staged:ca=64:fin_chunk=32:fin_warps=1:fres=64:rank_rows=16,"
+    "6144:2048:path=staged:ca=64:fin_chunk=32:fin_warps=1:fres=64:rank_rows=16,"
+    "300:64:path=staged:ca=64:fin_chunk=32:fin_warps=1:fres=64:rank_rows=16,"
+    "300:64:path=staged:ca=512:fin_chunk=64:fres=256:sbits=5:sorder=sort,"
+    "1000:2048:path=staged:ca=512:fin_chunk=64:fres=256:sbits=5:sorder=sort,"
+    "6144:2048:path=staged:ca=512:fin_chunk=64:fres=256:sbits=5:sorder=sort,"
+    "300:64:path=staged:fin_chunk=128:sbits=3:fuse=0,1000:2048:path=staged:fin_chunk=128:sbits=3:fuse=0,"
+    "6144:2048:path=staged:fin_chunk=128:sbits=3:fuse=0,300:64:path=staged:fuse=0:sorder=sort:fres=1024,"
+    "1000:2048:path=staged:fuse=0:sorder=sort:fres=1024,6144:2048:path=staged:fuse=0:sorder=sort:fres=1024"
 )
 
 
-STAGED_KEYS = ("ca", "fin_chunk", "fin_warps", "fres", "rank_rows", "sorder", "sbits")
+STAGED_KEYS = ("ca", "fin_chunk", "fin_warps", "fres", "rank_rows", "sorder", "sbits", "fuse")
 _STAGED_NAMES = {"fres": "fin_resident", "sorder": "order", "sbits": "radix_bits"}
 
 
@@ -72,8 +88,7 @@ def sweep_variants(n: int) -> dict:
     (The row kernel's ``_ablate`` variants, used for the ablation table of
     docs/benchmarks_select_kernel.md, are still accepted in ``--precompile`` specs.)
     """
-    vs = [dict(path="row"), dict(path="row", order="sort"), dict(sorder="rank"), dict(sorder="sort"),
-          dict(ca=1024), dict(ca=4096), dict(fres=1024), dict(fres=8192), dict(sbits=5)]
+    vs = [dict(path="row"), dict(path="staged"), dict(path="staged", sorder="sort"), dict(path="staged", fuse=0)]
     return {"kernel_" + "_".join(f"{a.strip('_')}{_spec_value(b)}" for a, b in v.items()): v for v in vs}
 
 
@@ -93,21 +108,22 @@ def _spec_value(b):
 def _parse_value(a: str, b: str):
     if a in ("order", "path", "sorder"):
         return b
-    return bool(int(b)) if a == "resident" else int(b)
+    return bool(int(b)) if a in ("resident", "fuse") else int(b)
 
 
 def _compile_one(spec: str) -> str:
-    """Compile (and run once) the kernel for 'n:k[:num_warps=..][:chunk=..][:resident=0|1][:stride=..]'."""
+    """Compile (and run once) the kernel for 'n:k[:q=rows][:stride=..][:option=value...]'."""
     import time
 
     parts = spec.split(":")
     n, k = int(parts[0]), int(parts[1])
     opts = dict(p.split("=") for p in parts[2:])
     stride = int(opts.pop("stride", n))
+    rows = int(opts.pop("q", 2))  # the staged path's launch config depends on the rows
     cfg = {a: _parse_value(a, b) for a, b in opts.items()}
     t0 = time.time()
-    s = torch.randn(2, stride, device="cuda")[:, :n]
-    i = torch.arange(2 * stride, device="cuda", dtype=torch.int32).view(2, stride)[:, :n]
+    s = torch.randn(rows, stride, device="cuda")[:, :n]
+    i = torch.arange(rows * stride, device="cuda", dtype=torch.int32).view(rows, stride)[:, :n]
     if stride == n:
         s, i = s.contiguous(), i.contiguous()
     sk.triton_ordered_select(s, i, k, **kernel_kwargs(cfg))
@@ -203,10 +219,9 @@ def main(argv=None) -> int:
         specs += TEST_SPECS.split(",")
     for n in ns if args.precompile_bench else []:
         variants = [{}] + (list(sweep_variants(n).values()) if args.sweep else [])
-        for v in variants:  # the row kernel: every final ordering unless the variant names one
-            row = v.get("path") == "row" or "_ablate" in v or "radix_bits" in v
-            for order in (("bitonic", "sort") if "order" not in v else (v["order"],)) if row else (None,):
-                w = {**v, "order": order} if order else v
+        for v in variants:
+            for q in qs:  # every bench row count: the launch config depends on it
+                w = {"q": q, **v}
                 specs.append(f"{n}:{k}:" + ":".join(f"{a}={_spec_value(b)}" for a, b in w.items()))
     if specs:
         precompile(list(dict.fromkeys(specs)), args.workers)

@@ -100,8 +100,15 @@ def _next_pow2(x: int) -> int:
 
 
 def _choose_path(q: int, n: int, k: int, n_sm: int) -> str:
-    """The staged path (a row over many programs) or the one-program-a-row kernel."""
-    return "staged"
+    """The staged path (a row over many programs) or the one-program-a-row kernel.
+
+    From the H200 runs in docs/benchmarks_select_kernel.md: the staged path is faster up to
+    8 rows, and up to 64 rows when a row does not fit in the row kernel's registers; beyond,
+    its global histogram (atomics on a few hot bins) costs more than the row kernel.
+    """
+    if q <= 8 or (n > RESIDENT_MAX and q <= 64):
+        return "staged"
+    return "row"
 
 
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
@@ -433,8 +440,11 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     kb = max(2, _next_pow2(k))
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     row_opts = (num_warps, chunk, resident, split, order, radix_bits)
-    if path is None:  # an option of the one-program-a-row kernel asks for that kernel
-        path = "row" if _ablate or any(o is not None for o in row_opts) else _choose_path(q, n, k, n_sm)
+    if path is None:  # an option of one path asks for that path
+        if _ablate or any(o is not None for o in row_opts):
+            path = "row"
+        else:
+            path = "staged" if staged else _choose_path(q, n, k, n_sm)
     if path not in ("row", "staged"):
         raise ValueError(f"path must be row or staged, got {path!r}")
     if path == "staged":

@@ -71,7 +71,7 @@ def staged_config(n: int, kb: int, q: int, n_sm: int, ca=None, fin_chunk=None, f
     if fin_chunk is None:
         fin_chunk = 2048
     if fin_warps is None:
-        fin_warps = max(1, min(8, fin_chunk // 256))
+        fin_warps = 8
     if rank_rows is None:
         rank_rows = min(256, max(16, _next_pow2(-(-q * kb // (8 * n_sm)))))
     rank_rows = min(int(rank_rows), kb)
@@ -113,8 +113,10 @@ if _HAVE_TRITON:
         return ((s ^ -2147483648).to(tl.int64) & 0xFFFFFFFF) << 31 | v.to(tl.int64)
 
     @triton.jit
-    def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, N, K, s_sq, s_iq,
-                        CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr):
+    def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
+                        CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr,
+                        FUSED: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr,
+                        FR2: tl.constexpr, FR3: tl.constexpr, SORT_OUTSIDE: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
         nsel, dstar, above, m = _cutoff(z_row, K, HB)
@@ -143,6 +145,15 @@ if _HAVE_TRITON:
         if npl > 0:
             pbase = tl.atomic_add(z_row + (1 << HB) + 1, npl, sem="relaxed")
             tl.store(p_ptr + row * N + pbase + tl.cumsum(pi, 0) - 1, o, mask=play)
+        if FUSED:
+            # the last program of the row to get here finishes it: a CTA barrier, then one
+            # gpu-scope acq_rel ticket (the cooperative-groups grid-sync pattern) makes every
+            # program's P and W writes visible to it; nobody waits, so nothing can hang
+            tl.debug_barrier()
+            ticket = tl.atomic_add(z_row + (1 << HB) + 2, 1, sem="acq_rel", scope="gpu")
+            if ticket == tl.num_programs(1) - 1:
+                _finish_row(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, K, s_sq, s_iq,
+                            HB, ZS, KB, D, CH, FR1, FR2, FR3, SORT_OUTSIDE)
 
     @triton.jit
     def _play_key(p_row, sc_row, id_row, j, m, T, V, MODE: tl.constexpr):
@@ -247,56 +258,80 @@ if _HAVE_TRITON:
         return base + tl.sum(si, 0)
 
     @triton.jit
-    def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
-                       HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                       FR: tl.constexpr, SORT_OUTSIDE: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                         KB: tl.constexpr, D: tl.constexpr, FR: tl.constexpr):
+        # the m in-play candidates in registers (one load), need of them wanted, appended at slot above
+        j = tl.arange(0, FR)
+        mj = j < m
+        o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # written by other programs
+        b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
+        i = tl.load(id_row + o, mask=mj, other=0)
+        s = score_key(b, i)
+        v = 2147483647 - i
+        w = 2147483647 - o
+        T, rem, cnt = _res_select(s, mj, need, m, D)
+        V = T * 0 - 1  # -1: every candidate with score key T is taken
+        W = T * 0  # 0: every duplicate (score key T, id key V) is taken
+        if rem < cnt:
+            V, rem2, c2 = _res_select(v, mj & (s == T), rem, cnt, D)
+            if rem2 < c2:
+                W, rem3, c3 = _res_select(w, mj & (s == T) & (v == V), rem2, c2, D)
+        sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & (w >= W)))))
+        _store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
+
+    @triton.jit
+    def _finish_chunked(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                        KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr):
+        # the same selection over chunks of P re-read on every pass (more than fits in registers)
+        T, rem, cnt = _play_select(p_row, sc_row, id_row, m, 0, 0, need, m, 0, D, CH)
+        V = T * 0 - 1
+        W = T * 0
+        if rem < cnt:
+            V, rem2, c2 = _play_select(p_row, sc_row, id_row, m, T, 0, rem, cnt, 1, D, CH)
+            if rem2 < c2:
+                W, rem3, c3 = _play_select(p_row, sc_row, id_row, m, T, V, rem2, c2, 2, D, CH)
+        base = above
+        for c0 in range(0, m, CH):
+            j = c0 + tl.arange(0, CH)
+            mj = j < m
+            o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")
+            b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
+            i = tl.load(id_row + o, mask=mj, other=0)
+            s = score_key(b, i)
+            v = 2147483647 - i
+            sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
+            base = _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB)
+
+    @triton.jit
+    def _finish_row(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, K, s_sq, s_iq,
+                    HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
+                    FR1: tl.constexpr, FR2: tl.constexpr, FR3: tl.constexpr, SORT_OUTSIDE: tl.constexpr):
+        # one program: pick the winners still needed among the row's in-play list P
         nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
         tl.store(cnt_ptr + row, nsel)
         need = nsel - above
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
         p_row = p_ptr + row * N
-        if need < m and m <= FR:  # the in-play candidates fit in registers: one load
-            j = tl.arange(0, FR)
-            mj = j < m
-            o = tl.load(p_row + j, mask=mj, other=0)
-            b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
-            i = tl.load(id_row + o, mask=mj, other=0)
-            s = score_key(b, i)
-            v = 2147483647 - i
-            w = 2147483647 - o
-            T, rem, cnt = _res_select(s, mj, need, m, D)
-            V = T * 0 - 1  # -1: every candidate with score key T is taken
-            W = T * 0  # 0: every duplicate (score key T, id key V) is taken
-            if rem < cnt:
-                V, rem2, c2 = _res_select(v, mj & (s == T), rem, cnt, D)
-                if rem2 < c2:
-                    W, rem3, c3 = _res_select(w, mj & (s == T) & (v == V), rem2, c2, D)
-            sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & (w >= W)))))
-            _store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
-        elif need < m:  # more than FR: the same passes over chunks of P
-            T, rem, cnt = _play_select(p_row, sc_row, id_row, m, 0, 0, need, m, 0, D, CH)
-            V = T * 0 - 1
-            W = T * 0
-            if rem < cnt:
-                V, rem2, c2 = _play_select(p_row, sc_row, id_row, m, T, 0, rem, cnt, 1, D, CH)
-                if rem2 < c2:
-                    W, rem3, c3 = _play_select(p_row, sc_row, id_row, m, T, V, rem2, c2, 2, D, CH)
-            base = above
-            for c0 in range(0, m, CH):
-                j = c0 + tl.arange(0, CH)
-                mj = j < m
-                o = tl.load(p_row + j, mask=mj, other=0)
-                b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
-                i = tl.load(id_row + o, mask=mj, other=0)
-                s = score_key(b, i)
-                v = 2147483647 - i
-                sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
-                base = _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB)
+        if need < m:  # (need == m: compact took every candidate of the cutoff bin)
+            if m <= FR1:  # register tiers: the smallest that holds P
+                _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, FR1)
+            elif m <= FR2:
+                _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, FR2)
+            elif m <= FR3:
+                _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, FR3)
+            else:
+                _finish_chunked(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, CH)
         if SORT_OUTSIDE:  # torch.sort orders the winner keys: the empty slots become key -1 (last)
             jk = tl.arange(0, KB)
             tl.store(wk_ptr + row * KB + jk, tl.full([KB], -1, tl.int64), mask=jk >= nsel)
+
+    @triton.jit
+    def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
+                       HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
+                       FR1: tl.constexpr, FR2: tl.constexpr, FR3: tl.constexpr, SORT_OUTSIDE: tl.constexpr):
+        _finish_row(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, tl.program_id(0).to(tl.int64),
+                    N, K, s_sq, s_iq, HB, ZS, KB, D, CH, FR1, FR2, FR3, SORT_OUTSIDE)
 
     @triton.jit
     def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
@@ -375,12 +410,12 @@ if _HAVE_TRITON:
         tl.store(osc_ptr + row * s_os + dest, out_sc, mask=mk)
 
 
-RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners, beyond torch.sort
+RANK_MAX_ROWS = 8  # up to this many rows the rank kernel orders the winners, beyond torch.sort
 
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
                   n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
-                  order=None, radix_bits: int = 8):
+                  order=None, fuse: bool = True, radix_bits: int = 8):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
@@ -392,9 +427,12 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
         order = "rank" if q <= RANK_MAX_ROWS else "sort"
     if order not in ("rank", "sort"):
         raise ValueError(f"staged order must be rank or sort, got {order!r}")
-    fr = 4096 if fin_resident is None else int(fin_resident)
+    fr = 8192 if fin_resident is None else int(fin_resident)
     if fr < 16 or fr & (fr - 1):
         raise ValueError(f"fin_resident must be a power of two >= 16, got {fr}")
+    # register tiers of the finish: the smallest of them that holds the in-play list is used
+    top = min(fr, max(16, _next_pow2(n)))
+    fr1, fr2, fr3 = min(1024, top), min(4096, top), top
     ca, nw_a, ch, fw, sl, jb = staged_config(n, kb, q, n_sm, ca, fin_chunk, fin_warps, rank_rows)
     dev = scores.device
     z = torch.zeros((q, _ZS), dtype=torch.int32, device=dev)
@@ -406,13 +444,15 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     pl = ws[q * kb * 4: q * (kb * 4 + n)]
     cnt = ws[q * (kb * 4 + n):]
     grid_a = (q, -(-n // ca))
+    fin = dict(HB=HIST_BITS, ZS=_ZS, KB=kb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2, FR3=fr3,
+               SORT_OUTSIDE=order == "sort")
     _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=_ZS,
                          num_warps=nw_a)
-    _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, n, k, scores.stride(0), ids.stride(0),
-                            CA=ca, HB=HIST_BITS, ZS=_ZS, KB=kb, num_warps=nw_a)
-    _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
-                         HB=HIST_BITS, ZS=_ZS, KB=kb, D=int(radix_bits), CH=ch, FR=fr,
-                         SORT_OUTSIDE=order == "sort", num_warps=fw)
+    _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
+                            CA=ca, FUSED=bool(fuse), num_warps=fw if fuse else nw_a, **fin)
+    if not fuse:
+        _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
+                             num_warps=fw, **fin)
     if order == "rank":
         _rank_kernel[(q, kb // sl)](wk, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
                                     KB=kb, SL=sl, JB=jb, num_warps=4)
