@@ -59,7 +59,7 @@ import torch
 
 from . import select_staged
 
-__all__ = ["available", "supports", "triton_ordered_select", "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
+__all__ = ["available", "supports", "choose_path", "triton_ordered_select", "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
 
 MAX_CANDIDATES = 32768
 MAX_K = 2048
@@ -99,12 +99,16 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _choose_path(q: int, n: int, k: int, n_sm: int) -> str:
+def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     """The staged path (a row over many programs) or the one-program-a-row kernel.
 
-    From the H200 runs in docs/benchmarks_select_kernel.md: the staged path is faster up to
-    8 rows, and up to 64 rows when a row does not fit in the row kernel's registers; beyond,
-    its global histogram (atomics on a few hot bins) costs more than the row kernel.
+    From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
+    serving runs the selection): the staged path is faster up to 8 rows, and up to 64 rows when
+    a row does not fit in the row kernel's registers; beyond, its global histogram (atomics on a
+    few hot bins) costs more than the row kernel. The choice does not depend on whether a
+    stream is capturing, so the first call outside capture compiles what capture will launch.
+    Outside graphs small calls are host-bound: each Python launch of a Triton kernel costs tens
+    of µs and the staged path makes three or four.
     """
     if q <= 8 or (n > RESIDENT_MAX and q <= 64):
         return "staged"
@@ -411,7 +415,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``order`` and ``radix_bits`` (digit width of the radix select) are tuning knobs for
     benchmarks (defaults: ``_launch_config``; 5-bit digits, see the module docstring).
     ``path``: ``"row"`` (one program a row, this module's kernel) or ``"staged"`` (each row
-    spread over many programs, ``select_staged``); default ``_choose_path``. ``staged``: tuning
+    spread over many programs, ``select_staged``); default ``choose_path`` (the staged path
+    for few rows). ``staged``: tuning
     knobs of the staged path (``select_staged.staged_config``; ``radix_bits`` there).
     """
     if not _HAVE_TRITON:
@@ -444,7 +449,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         if _ablate or any(o is not None for o in row_opts):
             path = "row"
         else:
-            path = "staged" if staged else _choose_path(q, n, k, n_sm)
+            path = "staged" if staged else choose_path(q, n, k, n_sm)
     if path not in ("row", "staged"):
         raise ValueError(f"path must be row or staged, got {path!r}")
     if path == "staged":

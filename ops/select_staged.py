@@ -411,11 +411,12 @@ if _HAVE_TRITON:
 
 
 RANK_MAX_ROWS = 8  # up to this many rows the rank kernel orders the winners, beyond torch.sort
+FUSE_MAX_ROWS = 3  # up to this many rows the last compact program finishes the row (no finish kernel)
 
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
                   n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
-                  order=None, fuse: bool = True, radix_bits: int = 8):
+                  order=None, fuse=None, radix_bits: int = 8):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
@@ -425,6 +426,8 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     kb = max(2, _next_pow2(k))
     if order is None:
         order = "rank" if q <= RANK_MAX_ROWS else "sort"
+    if fuse is None:  # H200: fused 0.025 vs 0.030 ms at 1 row; from 8 rows the separate kernel is faster
+        fuse = q <= FUSE_MAX_ROWS
     if order not in ("rank", "sort"):
         raise ValueError(f"staged order must be rank or sort, got {order!r}")
     fr = 8192 if fin_resident is None else int(fin_resident)

@@ -284,27 +284,32 @@ def test_strided_rows_and_no_host_sync(path):
     check_equal(got, ref_packed(scores, ids, 2048), f"strided {path}")
 
 
-@pytest.mark.parametrize("order", ["bitonic", "sort", "staged"])
-def test_cuda_graph_capture_and_replay(order):
+GRAPH_CASES = [("bitonic", 64), ("sort", 64), ("staged", 64), ("default", 1), ("default", 4)]
+
+
+@pytest.mark.parametrize("order,q", GRAPH_CASES, ids=[f"{o}-q{q}" for o, q in GRAPH_CASES])
+def test_cuda_graph_capture_and_replay(order, q):
+    """Capture once, replay on other inputs. ``default``: the path chosen by default (the staged
+    path at these row counts: fused finish at 1 row, finish kernel at 4)."""
     _require_kernel()
     if INTERPRET:
         pytest.skip("CUDA graphs need CUDA")
-    q, n, k = 64, 8 * 2048, 2048
+    n, k = 8 * 2048, 2048
     scores, ids = make_case("random", q, n, k, seed=11)
     st_s, st_i = scores.cuda(), ids.cuda()
-    kw = dict(path="staged") if order == "staged" else dict(order=order)
+    kw = {"staged": dict(path="staged"), "default": {}}.get(order, dict(order=order))
     sk.triton_ordered_select(st_s, st_i, k, **kw)  # warm-up: compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = sk.triton_ordered_select(st_s, st_i, k, **kw)
-    for i, kind in enumerate(["ties", "padding", "special", "random"]):
+    for i, kind in enumerate(["ties", "padding", "special", "nandups", "random"]):
         s2, i2 = make_case(kind, q, n, k, seed=100 + i, device="cuda")
         st_s.copy_(s2)
         st_i.copy_(i2)
         graph.replay()
         torch.cuda.synchronize()
-        check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind} {order}")
+        check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind} {order} q={q}")
 
 
 def test_rejects_bad_input():
