@@ -15,7 +15,11 @@ fewer than ``k`` valid candidates the tail is padded with id ``-1`` and score
 Invalid candidates are never returned as such: every output slot past the valid
 ones is a pad, whatever score the invalid candidate carried.
 
-Design (one program per row, no host synchronisation, CUDA-graph capturable):
+Two implementations, chosen by ``choose_path`` (measured on an H200, graph replay): the
+*staged* path of ``select_staged.py`` (each row spread over many programs; few rows) and the
+*row* kernel of this module, described below (many rows).
+
+Row kernel design (one program per row, no host synchronisation, CUDA-graph capturable):
 
 * Score key ``s``: an int32 whose signed order is the total order above
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is

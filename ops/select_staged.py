@@ -423,6 +423,10 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     ``scores`` and int32 ``ids`` ``[Q, N]`` with unit stride along N, ``Q >= 1``.
     """
     q, n = scores.shape
+    if n == 0:  # no candidates: no program would run to count the winners; all pads
+        out_ids.fill_(-1)
+        out_sc.fill_(float("-inf"))
+        return out_ids, out_sc
     kb = max(2, _next_pow2(k))
     if order is None:
         order = "rank" if q <= RANK_MAX_ROWS else "sort"

@@ -263,6 +263,17 @@ def test_radix_digit_widths(bits, resident):
         check_equal(got, ref_packed(scores, ids, 2048), f"{kind} radix_bits={bits} resident={resident}")
 
 
+@pytest.mark.parametrize("kw", [dict(path="row"), dict(path="staged"), dict(path="staged", staged=dict(fuse=False))],
+                         ids=["row", "staged", "staged_unfused"])
+def test_no_candidates(kw):
+    """N = 0: every slot a pad (the staged path launches no compact program then)."""
+    _require_kernel()
+    dev = _device()
+    ids, sc = sk.triton_ordered_select(torch.zeros(3, 0, device=dev), torch.zeros(3, 0, dtype=torch.int32, device=dev),
+                                       5, **kw)
+    assert ids.cpu().eq(-1).all() and sc.cpu().eq(float("-inf")).all()
+
+
 @pytest.mark.parametrize("path", ["staged", "row"])
 def test_strided_rows_and_no_host_sync(path):
     _require_kernel()
