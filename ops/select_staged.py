@@ -17,19 +17,26 @@ many programs:
    plus a prefix sum: any order). Candidates in ``d*`` are *in play*: their positions go to
    the row's list ``P``. When every candidate of ``d*`` is needed they are winners directly.
 3. **finish** ``grid (Q,)``: one program a row picks the still-needed winners among the ``m``
-   candidates of ``P`` (random scores: a few hundred at 16384 candidates). It is the radix
-   select of ``select_kernel`` on ``P`` (8-bit digits; the digits shared by the smallest and
-   the largest key are skipped without a pass): on the score key, then, for ties at the cutoff
-   score, on ``0x7fffffff - id``, then, for duplicates (equal score key and id), on
-   ``0x7fffffff - position`` (so duplicates are taken in position order). Winners are appended
-   to ``W``.
-4. **rank** ``grid (Q, KB / SL)``: every program takes ``SL`` winners and counts, for each,
-   the winners before it (a larger packed key, or an equal key at an earlier position): that
-   count is its output slot. The last program's slots past the winners get pads.
+   candidates of ``P`` (random scores: a few hundred at 16384 candidates; mass ties: the whole
+   tie group). It is the radix select of ``select_kernel`` on ``P``, held in registers (tiers
+   of 1024 / 4096 / 8192, the smallest that holds ``P``) or re-read in chunks beyond, with
+   8-bit digits, the digits shared by the smallest and the largest key skipped without a pass:
+   on the score key, then, for ties at the cutoff score, on ``0x7fffffff - id``, then, for
+   duplicates (equal score key and id), on ``0x7fffffff - position`` (so duplicates are taken
+   in position order). Winners are appended to ``W``. Up to ``FUSE_MAX_ROWS`` rows there is no
+   finish kernel: the last compact program of a row to finish (a CTA barrier, then one
+   gpu-scope acq_rel ticket, the cooperative-groups grid-sync pattern without the wait) runs it.
+4. **order** up to ``RANK_MAX_ROWS`` rows, the rank kernel ``grid (Q, KB / SL)``: every
+   program takes ``SL`` winners and counts, for each, the winners before it (a larger packed
+   key, or an equal key at an earlier position): that count is its output slot; the slots past
+   the winners get pads. Beyond (its work grows as ``Q k^2``), ``torch.sort`` of the winner
+   keys, then a decode kernel that puts each run of equal keys in position order.
 
-Workspace: one zeroed int32 ``[Q, 4096 + 4]`` (histogram and two counters) and one
-``torch.empty`` for ``P`` (``[Q, N]`` int32), ``W`` (``[Q, KB]`` packed int64 keys, score
-bits, positions) and the winner counts.
+Workspace: one zeroed int32 ``[Q, 4096 + 4]`` (histogram, two slot counters, the ticket) and
+one ``torch.empty`` for ``P`` (``[Q, N]`` int32), ``W`` (``[Q, KB]`` packed int64 keys, score
+bits, positions) and the winner counts. ``N = 0`` is answered on the host (all pads).
+
+Measured on an H200: docs/benchmarks_select_kernel.md.
 
 This module imports without Triton; its kernels exist only where Triton imports.
 """
