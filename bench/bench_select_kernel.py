@@ -1,15 +1,16 @@
 """Benchmark: Triton exact ordered selection vs torch.topk (packed int64 key) vs plain fp32 torch.topk.
 
     python bench/bench_select_kernel.py --out bench_select.json
-    python bench/bench_select_kernel.py --out sweep.json --sweep      # also launch variants and ablations
+    python bench/bench_select_kernel.py --out sweep.json --sweep      # also both paths at every Q, staged variants
     python bench/bench_select_kernel.py --out x.json --precompile-only --precompile-tests --precompile-bench
-        # fill Triton's cache in parallel first (one compile is 15-70 s), then run pytest / the bench
+        # fill Triton's cache in parallel first (one compile is 10-70 s), then run pytest / the bench
 
 Times with CUDA events around each call (warm-up first, median of --iters), and
 again as CUDA-graph replays of --graph-reps calls (median replay / reps). Inputs
 rotate over three sets so that small shapes do not time a warm L2 only.
 Methods:
-  kernel           tpflare.ops.select_kernel.triton_ordered_select (full op: ids + scores)
+  kernel           tpflare.ops.select_kernel.triton_ordered_select (full op: ids + scores; the
+                   path choose_path picks: staged for few rows, the row kernel beyond)
   topk_packed      torch.topk(key, k) on a prebuilt packed int64 key (the selection alone)
   torch_ordered    pack the key + torch.topk + decode ids / gather scores (a whole torch op)
   topk_fp32        torch.topk(scores, k) on fp32 scores (not exact ordering; the speed bar)
