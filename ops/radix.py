@@ -68,3 +68,26 @@ def extend(t, dd, p: tl.constexpr, D: tl.constexpr):
         else:
             t = (t << (32 - D * p)) | dd
     return t
+
+
+@triton.jit
+def load_chunk(sc_row, id_row, c0, N, CHUNK: tl.constexpr):
+    # candidates c0 .. c0 + CHUNK of a row: score bits (int32) and ids; past N: id -1 (invalid)
+    o = c0 + tl.arange(0, CHUNK)
+    mc = o < N
+    b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
+    i = tl.load(id_row + o, mask=mc, other=-1)
+    return b, i
+
+
+@triton.jit
+def packed_key(s, v):
+    # 63-bit winner key: the unsigned-ordered score key above the inverted id (v = 0x7fffffff - id);
+    # larger = earlier, non-negative
+    return ((s ^ -2147483648).to(tl.int64) & 0xFFFFFFFF) << 31 | v.to(tl.int64)
+
+
+@triton.jit
+def key_id(key):
+    # the id a packed key holds
+    return 2147483647 - (key & 0x7FFFFFFF)

@@ -158,7 +158,7 @@ def _launch_config(block: int, kb: int, q: int, n_sm: int, num_warps=None, chunk
 
 
 if _HAVE_TRITON:
-    from .radix import digit, extend, pick_digit, prefix_is, score_key
+    from .radix import digit, extend, key_id, load_chunk, packed_key, pick_digit, prefix_is, score_key
 
     @triton.jit
     def _indicator(n_dims: tl.constexpr, j: tl.constexpr):
@@ -202,14 +202,6 @@ if _HAVE_TRITON:
         return tl.reshape(h, x.shape), tl.reshape(hp, p.shape)
 
     @triton.jit
-    def _load_chunk(sc_row, id_row, c0, N, CHUNK: tl.constexpr):
-        o = c0 + tl.arange(0, CHUNK)
-        mc = o < N
-        b = tl.load(sc_row + o, mask=mc, other=0.0).to(tl.int32, bitcast=True)
-        i = tl.load(id_row + o, mask=mc, other=-1)
-        return b, i
-
-    @triton.jit
     def _chunked_histogram(sc_row, id_row, N, T, t, p: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
                            IDS: tl.constexpr):
         # histogram of digit p, over the row re-read in chunks, of the score keys of the
@@ -217,7 +209,7 @@ if _HAVE_TRITON:
         # whose score key is T (IDS=True), among those whose higher digits equal t
         h = tl.zeros([1 << D], dtype=tl.int32)
         for c0 in range(0, N, CHUNK):
-            b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
+            b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
             sc = score_key(b, i)
             if IDS:
                 m = sc == T
@@ -284,7 +276,7 @@ if _HAVE_TRITON:
         else:  # chunks re-read from memory (L2) on every pass
             nvalid = tl.zeros((), tl.int32)
             for c0 in range(0, N, CHUNK):
-                b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
+                b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
                 nvalid += tl.sum((i >= 0).to(tl.int32), 0)
             nsel = tl.minimum(nvalid, K)
             rem = nsel
@@ -325,7 +317,7 @@ if _HAVE_TRITON:
         abase = nsel * 0  # definite winners so far
         tbase = nsel * 0  # (s == T, id key == V) candidates seen so far
         for c0 in range(0, N, CHUNK):
-            b, i = _load_chunk(sc_row, id_row, c0, N, CHUNK)
+            b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
             sk = score_key(b, i)
             v = 2147483647 - tl.maximum(i, 0)
             tie = (sk == T) & (sk != -2147483648)
@@ -340,7 +332,7 @@ if _HAVE_TRITON:
             tot = tl.sum(packed, 0)
             abase += tot & 0xFFFF
             tbase += tot >> 16
-            key = ((sk ^ -2147483648).to(tl.int64) & 0xFFFFFFFF) << 31 | v.to(tl.int64)
+            key = packed_key(sk, v)
             wmask = take & (slot < KB)
             tl.store(wk_row + slot, key, mask=wmask)
             tl.store(wv_row + slot, b, mask=wmask)
@@ -382,7 +374,7 @@ if _HAVE_TRITON:
             else:
                 pos = j
         ok = key >= 0
-        out_id = tl.where(ok, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32)
+        out_id = tl.where(ok, key_id(key), -1).to(tl.int32)
         out_sc = tl.where(ok, val, -8388608).to(tl.float32, bitcast=True)  # pad: -inf
         jm = pos < K
         tl.store(oid_ptr + row * s_oi + pos, out_id, mask=jm)
@@ -402,7 +394,7 @@ if _HAVE_TRITON:
         pos = tl.load(pos_ptr + row * KB + j, mask=m, other=0)
         ok = key >= 0
         val = tl.load(wv_ptr + row * KB + pos, mask=m & ok, other=-8388608)
-        tl.store(oid_ptr + row * s_o + j, tl.where(ok, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32), mask=m)
+        tl.store(oid_ptr + row * s_o + j, tl.where(ok, key_id(key), -1).to(tl.int32), mask=m)
         tl.store(osc_ptr + row * s_o + j, tl.where(ok, val, -8388608).to(tl.float32, bitcast=True), mask=m)
 
 
@@ -457,10 +449,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if path not in ("row", "staged"):
         raise ValueError(f"path must be row or staged, got {path!r}")
     if path == "staged":
-        opts = dict(staged or {})
-        if not 2 <= int(opts.get("radix_bits", 8)) <= 8:
-            raise ValueError(f"radix_bits must be in 2..8, got {opts['radix_bits']}")
-        return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, **opts)
+        return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, **dict(staged or {}))
     if staged:
         raise ValueError("staged options given with path='row'")
     radix_bits = 5 if radix_bits is None else int(radix_bits)

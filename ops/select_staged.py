@@ -87,7 +87,7 @@ def staged_config(n: int, kb: int, q: int, n_sm: int, ca=None, fin_chunk=None, f
 
 
 if _HAVE_TRITON:
-    from .radix import digit, extend, pick_digit, prefix_is, score_key
+    from .radix import digit, extend, key_id, load_chunk, packed_key, pick_digit, prefix_is, score_key
 
     @triton.jit
     def _top_digit(s, HB: tl.constexpr):
@@ -106,18 +106,10 @@ if _HAVE_TRITON:
     @triton.jit
     def _hist_kernel(sc_ptr, id_ptr, z_ptr, N, s_sq, s_iq, CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        o = tl.program_id(1) * CA + tl.arange(0, CA)
-        mo = o < N
-        b = tl.load(sc_ptr + row * s_sq + o, mask=mo, other=0.0).to(tl.int32, bitcast=True)
-        i = tl.load(id_ptr + row * s_iq + o, mask=mo, other=-1)
+        b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
         ones = tl.full([CA], 1, tl.int32)
         tl.atomic_add(z_ptr + row * ZS + _top_digit(s, HB), ones, mask=s != -2147483648, sem="relaxed")
-
-    @triton.jit
-    def _packed_key(s, v):
-        # 63-bit key: unsigned-ordered score key above the inverted id; larger = earlier
-        return ((s ^ -2147483648).to(tl.int64) & 0xFFFFFFFF) << 31 | v.to(tl.int64)
 
     @triton.jit
     def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
@@ -129,9 +121,7 @@ if _HAVE_TRITON:
         nsel, dstar, above, m = _cutoff(z_row, K, HB)
         need = nsel - above
         o = tl.program_id(1) * CA + tl.arange(0, CA)
-        mo = o < N
-        b = tl.load(sc_ptr + row * s_sq + o, mask=mo, other=0.0).to(tl.int32, bitcast=True)
-        i = tl.load(id_ptr + row * s_iq + o, mask=mo, other=-1)
+        b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
         d = _top_digit(s, HB)
         valid = s != -2147483648
@@ -143,7 +133,7 @@ if _HAVE_TRITON:
         if nw > 0:
             base = tl.atomic_add(z_row + (1 << HB), nw, sem="relaxed")
             slot = base + tl.cumsum(wi, 0) - 1
-            key = _packed_key(s, 2147483647 - tl.maximum(i, 0))
+            key = packed_key(s, 2147483647 - tl.maximum(i, 0))
             tl.store(wk_ptr + row * KB + slot, key, mask=win)
             tl.store(wv_ptr + row * KB + slot, b, mask=win)
             tl.store(wo_ptr + row * KB + slot, o, mask=win)
@@ -163,15 +153,20 @@ if _HAVE_TRITON:
                             HB, ZS, KB, D, CH, FR1, FR2, FR3, SORT_OUTSIDE)
 
     @triton.jit
+    def _load_play(p_row, sc_row, id_row, j, m):
+        # the in-play candidates at slots j of P: mask, position, score bits, id, score key
+        mj = j < m
+        o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P is written by other programs
+        b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
+        i = tl.load(id_row + o, mask=mj, other=0)
+        return mj, o, b, i, score_key(b, i)
+
+    @triton.jit
     def _play_key(p_row, sc_row, id_row, j, m, T, V, MODE: tl.constexpr):
         # the candidates of P at slots j: the radix key of this phase and whether they are in it
         # (MODE 0: score key; 1: inverted id among score key T; 2: inverted position among
         # score key T and inverted id V)
-        mj = j < m
-        o = tl.load(p_row + j, mask=mj, other=0)
-        b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
-        i = tl.load(id_row + o, mask=mj, other=0)
-        s = score_key(b, i)
+        mj, o, b, i, s = _load_play(p_row, sc_row, id_row, j, m)
         if MODE == 0:
             x = s
             inm = mj
@@ -205,12 +200,17 @@ if _HAVE_TRITON:
         return h
 
     @triton.jit
-    def _play_select(p_row, sc_row, id_row, m, T, V, rem, cnt, MODE: tl.constexpr, D: tl.constexpr,
-                     CH: tl.constexpr):
-        # radix select over the candidates of this phase (cnt of them, rem wanted): the cutoff
-        # key X (x >= X selects the wanted ones, plus rem - above of those equal to X) and
-        # how many of the cnt' candidates with x == X are still wanted
-        lo, hi = _play_minmax(p_row, sc_row, id_row, m, T, V, MODE, CH)
+    def _cut(x, inm, p_row, sc_row, id_row, m, T, V, rem, cnt, MODE: tl.constexpr, D: tl.constexpr,
+             CH: tl.constexpr, RES: tl.constexpr):
+        # radix select over the candidates of one phase (cnt of them, rem wanted): the cutoff key
+        # X (x >= X selects the wanted ones, plus rem of the cnt' candidates equal to X). RES: the
+        # keys are in registers (x, inm: the candidates of this phase); else chunks of P are
+        # re-read on every pass (MODE picks the key, x and inm are unused)
+        if RES:
+            lo = tl.min(tl.where(inm, x, 2147483647), 0)
+            hi = tl.max(tl.where(inm, x, -2147483648), 0)
+        else:
+            lo, hi = _play_minmax(p_row, sc_row, id_row, m, T, V, MODE, CH)
         t = rem * 0
         for p in tl.static_range((32 + D - 1) // D):
             if rem < cnt:
@@ -221,7 +221,13 @@ if _HAVE_TRITON:
                 if same:  # every candidate in play shares this digit: no pass needed
                     t = extend(t, digit(hi, p, D), p, D)
                 else:
-                    h = _play_hist(p_row, sc_row, id_row, m, T, V, t, p, D, MODE, CH)
+                    if RES:
+                        msk = inm
+                        if p > 0:
+                            msk = msk & prefix_is(x, t, p, D)
+                        h = tl.histogram(digit(x, p, D), 1 << D, mask=msk)
+                    else:
+                        h = _play_hist(p_row, sc_row, id_row, m, T, V, t, p, D, MODE, CH)
                     dd, above, cnt = pick_digit(h, rem, 1 << D)
                     rem = rem - above
                     t = extend(t, dd, p, D)
@@ -230,84 +236,48 @@ if _HAVE_TRITON:
         return t, rem, cnt
 
     @triton.jit
-    def _res_select(x, inm, rem, cnt, D: tl.constexpr):
-        # _play_select on keys held in registers (x, with inm the candidates of this phase)
-        lo = tl.min(tl.where(inm, x, 2147483647), 0)
-        hi = tl.max(tl.where(inm, x, -2147483648), 0)
-        t = rem * 0
-        for p in tl.static_range((32 + D - 1) // D):
-            if rem < cnt:
-                if D * (p + 1) >= 32:
-                    same = lo == hi
-                else:
-                    same = ((lo ^ hi) >> (32 - D * (p + 1))) == 0
-                if same:
-                    t = extend(t, digit(hi, p, D), p, D)
-                else:
-                    msk = inm
-                    if p > 0:
-                        msk = msk & prefix_is(x, t, p, D)
-                    h = tl.histogram(digit(x, p, D), 1 << D, mask=msk)
-                    dd, above, cnt = pick_digit(h, rem, 1 << D)
-                    rem = rem - above
-                    t = extend(t, dd, p, D)
-            else:
-                t = extend(t, t * 0, p, D)
-        return t, rem, cnt
-
-    @triton.jit
     def _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.constexpr):
         si = sel.to(tl.int32)
         slot = base + tl.cumsum(si, 0) - 1
-        tl.store(wk_ptr + row * KB + slot, _packed_key(s, v), mask=sel)
+        tl.store(wk_ptr + row * KB + slot, packed_key(s, v), mask=sel)
         tl.store(wv_ptr + row * KB + slot, b, mask=sel)
         tl.store(wo_ptr + row * KB + slot, o, mask=sel)
         return base + tl.sum(si, 0)
 
     @triton.jit
-    def _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                         KB: tl.constexpr, D: tl.constexpr, FR: tl.constexpr):
-        # the m in-play candidates in registers (one load), need of them wanted, appended at slot above
-        j = tl.arange(0, FR)
-        mj = j < m
-        o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # written by other programs
-        b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
-        i = tl.load(id_row + o, mask=mj, other=0)
-        s = score_key(b, i)
-        v = 2147483647 - i
-        w = 2147483647 - o
-        T, rem, cnt = _res_select(s, mj, need, m, D)
+    def _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                        KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, RES: tl.constexpr,
+                        FR: tl.constexpr):
+        # need of the m in-play candidates, appended to W from slot above: the cutoff score key T,
+        # then (ties at T) the id key V, then (duplicates at T, V) the position key W. RES: P is
+        # held in FR registers (one load); else every pass re-reads chunks of CH.
+        if RES:
+            mj, o, b, i, s = _load_play(p_row, sc_row, id_row, tl.arange(0, FR), m)
+            v = 2147483647 - i
+            w = 2147483647 - o
+        else:  # placeholders: _cut reads P itself
+            mj = need >= 0
+            s = need
+            v = need
+            w = need
+        T, rem, cnt = _cut(s, mj, p_row, sc_row, id_row, m, 0, 0, need, m, 0, D, CH, RES)
         V = T * 0 - 1  # -1: every candidate with score key T is taken
         W = T * 0  # 0: every duplicate (score key T, id key V) is taken
         if rem < cnt:
-            V, rem2, c2 = _res_select(v, mj & (s == T), rem, cnt, D)
+            V, rem2, c2 = _cut(v, mj & (s == T), p_row, sc_row, id_row, m, T, 0, rem, cnt, 1, D, CH, RES)
             if rem2 < c2:
-                W, rem3, c3 = _res_select(w, mj & (s == T) & (v == V), rem2, c2, D)
-        sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & (w >= W)))))
-        _store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
-
-    @triton.jit
-    def _finish_chunked(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                        KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr):
-        # the same selection over chunks of P re-read on every pass (more than fits in registers)
-        T, rem, cnt = _play_select(p_row, sc_row, id_row, m, 0, 0, need, m, 0, D, CH)
-        V = T * 0 - 1
-        W = T * 0
-        if rem < cnt:
-            V, rem2, c2 = _play_select(p_row, sc_row, id_row, m, T, 0, rem, cnt, 1, D, CH)
-            if rem2 < c2:
-                W, rem3, c3 = _play_select(p_row, sc_row, id_row, m, T, V, rem2, c2, 2, D, CH)
-        base = above
-        for c0 in range(0, m, CH):
-            j = c0 + tl.arange(0, CH)
-            mj = j < m
-            o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")
-            b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
-            i = tl.load(id_row + o, mask=mj, other=0)
-            s = score_key(b, i)
-            v = 2147483647 - i
-            sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
-            base = _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB)
+                W, rem3, c3 = _cut(w, mj & (s == T) & (v == V), p_row, sc_row, id_row, m, T, V, rem2, c2, 2,
+                                   D, CH, RES)
+        if RES:
+            sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & (w >= W)))))
+            _store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
+        else:
+            base = above
+            for c0 in range(0, m, CH):
+                mc, oc, bc, ic, sc = _load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m)
+                vc = 2147483647 - ic
+                sel = mc & ((sc > T) | ((sc == T) & ((vc > V) | ((vc == V) & ((2147483647 - oc) >= W)))))
+                base = _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB)
 
     @triton.jit
     def _finish_row(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, K, s_sq, s_iq,
@@ -321,14 +291,19 @@ if _HAVE_TRITON:
         id_row = id_ptr + row * s_iq
         p_row = p_ptr + row * N
         if need < m:  # (need == m: compact took every candidate of the cutoff bin)
-            if m <= FR1:  # register tiers: the smallest that holds P
-                _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, FR1)
+            # register tiers (the smallest that holds P), else chunks re-read on every pass
+            if m <= FR1:
+                _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                                KB, D, CH, True, FR1)
             elif m <= FR2:
-                _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, FR2)
+                _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                                KB, D, CH, True, FR2)
             elif m <= FR3:
-                _finish_resident(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, FR3)
+                _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                                KB, D, CH, True, FR3)
             else:
-                _finish_chunked(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above, KB, D, CH)
+                _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                                KB, D, CH, False, FR1)
         if SORT_OUTSIDE:  # torch.sort orders the winner keys: the empty slots become key -1 (last)
             jk = tl.arange(0, KB)
             tl.store(wk_ptr + row * KB + jk, tl.full([KB], -1, tl.int64), mask=jk >= nsel)
@@ -363,7 +338,7 @@ if _HAVE_TRITON:
                 acc += (before & mm[None, :]).to(tl.int32)
         rank = tl.sum(acc, 1)
         pos = tl.where(live, rank, j)  # winners to their rank; the slots past them get pads
-        out_id = tl.where(live, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32)
+        out_id = tl.where(live, key_id(key), -1).to(tl.int32)
         out_sc = tl.where(live, val, -8388608).to(tl.float32, bitcast=True)
         mk = pos < K
         tl.store(oid_ptr + row * s_oi + pos, out_id, mask=mk)
@@ -410,7 +385,7 @@ if _HAVE_TRITON:
                 oi = tl.load(wo_ptr + row * KB + tl.load(p_row + i, mask=mi, other=0), mask=mi, other=0)
                 r += (mi & (oi < o)).to(tl.int32)
             dest = tl.where(live, a + r, j)  # the empty slots past the winners stay pads
-        out_id = tl.where(live, 2147483647 - (key & 0x7FFFFFFF), -1).to(tl.int32)
+        out_id = tl.where(live, key_id(key), -1).to(tl.int32)
         out_sc = tl.where(live, val, -8388608).to(tl.float32, bitcast=True)
         mk = dest < K
         tl.store(oid_ptr + row * s_oi + dest, out_id, mask=mk)
@@ -441,6 +416,8 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
         fuse = q <= FUSE_MAX_ROWS
     if order not in ("rank", "sort"):
         raise ValueError(f"staged order must be rank or sort, got {order!r}")
+    if not 2 <= int(radix_bits) <= 8:
+        raise ValueError(f"radix_bits must be in 2..8, got {radix_bits}")
     fr = 8192 if fin_resident is None else int(fin_resident)
     if fr < 16 or fr & (fr - 1):
         raise ValueError(f"fin_resident must be a power of two >= 16, got {fr}")

@@ -1,0 +1,71 @@
+"""Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
+
+    python tools/compile_select_kernels.py [--arch 90] [name ...]
+
+Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
+each kernel of ``ops/select_staged.py`` and ``ops/select_kernel.py`` at the default
+configuration of 8x2048 candidates and k = 2048, without a GPU. It checks code generation
+only; the Triton interpreter (``TRITON_INTERPRET=1``, tests/test_select_kernel_gpu.py) checks
+what the kernels compute. Names select kernels by substring.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tpflare.ops import select_kernel as sk
+from tpflare.ops import select_staged as st
+
+_TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr="*i64", wv_ptr="*i32",
+              wo_ptr="*i32", cnt_ptr="*i32", oid_ptr="*i32", osc_ptr="*fp32", key_ptr="*i64", pos_ptr="*i64",
+              N="i32", K="i32", s_sq="i32", s_iq="i32", s_oi="i32", s_os="i32")
+_FIN = dict(HB=st.HIST_BITS, ZS=(1 << st.HIST_BITS) + 4, KB=2048, D=8, CH=2048, FR1=1024, FR2=4096, FR3=8192,
+            SORT_OUTSIDE=True)
+_ROW = dict(KB=2048, LOG_KB=11, SPLIT=1, D=5, ABLATE=0)
+KERNELS = {
+    "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"]), 2),
+    "staged compact+finish (fused)": (st._compact_kernel, dict(CA=512, FUSED=True, **_FIN), 8),
+    "staged compact": (st._compact_kernel, dict(CA=2048, FUSED=False, **_FIN), 8),
+    "staged finish": (st._finish_kernel, _FIN, 8),
+    "staged rank": (st._rank_kernel, dict(KB=2048, SL=16, JB=512), 4),
+    "staged decode runs": (st._decode_runs_kernel, dict(KB=2048), 8),
+    "row kernel (registers, bitonic)": (sk._ordered_select_kernel,
+                                        dict(BLOCK=16384, CHUNK=4096, RESIDENT=True, SORT_OUTSIDE=False, **_ROW), 16),
+    "row kernel (chunks, torch.sort)": (sk._ordered_select_kernel,
+                                        dict(BLOCK=32768, CHUNK=4096, RESIDENT=False, SORT_OUTSIDE=True, **_ROW), 16),
+}
+
+
+def compile_one(fn, consts: dict, num_warps: int, arch: int):
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (H100/H200: 90)")
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args(argv)
+    failed = 0
+    for name, (fn, consts, nw) in KERNELS.items():
+        if a.names and not any(x in name for x in a.names):
+            continue
+        t0 = time.time()
+        try:
+            k = compile_one(fn, dict(consts), nw, a.arch)
+            print(f"ok   {name}: {time.time() - t0:.1f} s, cubin {len(k.asm['cubin'])} bytes", flush=True)
+        except Exception as e:  # report every kernel, then fail
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
