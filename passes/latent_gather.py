@@ -1,148 +1,135 @@
-"""Latent gather: rewrite a down_reduce into a row-shard GEMM + column all-gather.
+"""Latent gather: the one matcher and the rewrite, on the AOT forward (ATen) graph.
 
-Post-grad (ATen) graph, one site::
+One site, as every spelling reaches this graph (``dist.all_reduce``, functional
+collectives, DTensor's ``RowwiseParallel``, a stack's registered all-reduce op)::
 
-    x_full [.., K]  (replicated on every rank)
-      -> slice(dim=-1, r*K/W : (r+1)*K/W)  [-> expand / view / clone]*
-      -> mm | bmm (with permute(w_col) [-> expand]) ,  w_col = graph input [N, K/W]
+    x_full [.., K]                      (replicated on every rank: checked, see replication.py)
+      -> K-slice [r*K/W : (r+1)*K/W]    slice | split/chunk getitem | index_select(arange)
+      [-> view / expand / clone]*
+      -> mm | bmm | addmm(bias/W, ..)   against  permute(w_col) ([N, K/W], [out, in])
+                                        or       w_io            ([K/W, N], [in, out])
       [-> view]*
-      -> _c10d_functional.all_reduce(sum, group) -> wait_tensor           (BF16 partials)
+      -> all-reduce(sum, group)         (Reduce: c10d + wait, or a stack op)
 
 becomes::
 
-    x2 = view(x_full, [M, K])
-    yt = mm(w_rows, permute(x2))              # [N/W, M]: full-K dot products, rounded once
-    g  = wait(all_gather_into_tensor(yt, W))  # [N, M]: rank r's rows at r*N/W (a copy)
-    y  = view(permute(g), shape of the reduced tensor)   # column-major [M, N], no layout copy
+    x2 = view(x_full, [-1, K])
+    yt = mm(w_rows, permute(x2))                 # [N/W, M], full-K dot products, rounded once
+         (addmm(bias[N_r, None], w_rows, x2^T)   # when the partial carried bias/W)
+    g  = all_gather(yt, W, group)                # [N, M] rank-major: a copy, same bits everywhere
+    y  = view(permute(g), shape of the partial)  # column-major [M, N]
 
-``w_rows`` (this rank's row shard ``[N/W, K]``) is a graph input that the
-backend appended (see ``tpflare.row_shards``); the pass is told which input
-holds the row shard of which column-shard input by a ``LatentGatherPlan``.
-Every candidate site is reported: rewritten, or skipped with its reason.
+``w_rows`` (this rank's row shard ``[N/W, K]``, ``[out, in]``) is a graph input
+appended by preparation (``tpflare.latent_prep``), which also decides which
+sites are rewritten; this module only finds (``find_sites``) and rewrites
+(``rewrite``), so a site is matched in exactly one place.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 import operator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import fx
 
-from tpflare import reporting as report
-
-log = logging.getLogger("tpflare.passes.latent_gather")
+from . import collectives
+from .collectives import Reduce
 
 aten = torch.ops.aten
-c10d = torch.ops._c10d_functional
 
 _X_CHAIN = {aten.expand.default, aten.view.default, aten._unsafe_view.default,
             aten.reshape.default, aten.clone.default, aten.alias.default}
 _OUT_CHAIN = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
-_W_CHAIN = {aten.expand.default, aten.view.default, aten._unsafe_view.default}
+_W_CHAIN = {aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.clone.default}
 _GEMMS = {aten.mm.default, aten.bmm.default}
 _BIASED_GEMMS = {aten.addmm.default, aten.baddbmm.default}
 
-
-@dataclasses.dataclass(frozen=True)
-class RowSource:
-    """Where the row shard of one column-shard input comes from."""
-
-    row_input: int | None  # placeholder index of the row shard, None = unavailable
-    reason: str = ""       # why it is unavailable
-    origin: str = ""       # "registered" / "resharded"
-    added_bytes: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class LatentGatherPlan:
-    """What the backend prepared for this graph (part of the pass's uuid)."""
-
-    enabled: bool
-    align: int
-    min_rows: int
-    channel_rows: int
-    rank_in_group: dict[str, int]          # group name -> this rank's index
-    world_of_group: dict[str, int]         # group name -> group size
-    rows_for_input: dict[int, RowSource]   # column-shard input index -> row source
-    graph_id: str = ""
-
-    def fingerprint(self) -> str:
-        rows = sorted((k, v.row_input, v.reason) for k, v in self.rows_for_input.items())
-        return repr((self.enabled, self.align, self.min_rows, self.channel_rows,
-                     sorted(self.rank_in_group.items()), sorted(self.world_of_group.items()), rows))
+GroupInfo = Callable[[str], tuple[int, int]]   # c10d group name -> (rank in group, group size)
 
 
 @dataclasses.dataclass
-class DownReduceMatch:
-    """One down_reduce site found in a post-grad graph."""
+class Site:
+    """One all-reduce site of an ATen graph, classified (``skip`` set when it cannot be rewritten)."""
 
-    all_reduce: fx.Node
-    wait: fx.Node
-    group_name: str
+    reduce: Reduce
+    rank: int = 0
+    world: int = 0
     gemm: fx.Node | None = None
     x_full: fx.Node | None = None
-    weight_input: int | None = None       # placeholder index of w_col
+    weight: fx.Node | None = None         # the column-shard placeholder
+    layout: str = "out_in"                # "out_in": w [N, K/W]; "in_out": w [K/W, N]
+    bias: fx.Node | None = None           # full bias [N] that each partial carried as bias/W
     chain_nodes: list[fx.Node] = dataclasses.field(default_factory=list)
     k_shard: int = 0
     n: int = 0
-    skip: str | None = None               # reason this site cannot be rewritten
+    skip: str | None = None
 
     @property
     def name(self) -> str:
-        return self.all_reduce.name
+        return self.reduce.result.name
+
+    @property
+    def group(self) -> str | None:
+        return self.reduce.group
+
+    @property
+    def k(self) -> int:
+        return self.k_shard * self.world
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        v = _val(self.x_full)
+        return v.dtype if v is not None else None
+
+    def rows(self) -> Any:
+        """Row count of the hidden row (an int, or a SymInt expression under dynamic shapes)."""
+        v = _val(self.x_full)
+        out = 1
+        for d in v.shape[:-1]:
+            out = out * d
+        return out
 
 
 def _val(node: Any):
     return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
-def _single_user(node: fx.Node) -> bool:
-    return len(node.users) == 1
-
-
-def _is_target(node: Any, targets) -> bool:
+def _is(node: Any, targets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def _walk_back(node: fx.Node, through: set, chain: list[fx.Node]) -> fx.Node:
-    while _is_target(node, through):
+def _walk_back(node: Any, through: set, chain: list[fx.Node]) -> Any:
+    while _is(node, through):
         chain.append(node)
         node = node.args[0]
     return node
 
 
-def _weight_input(b: fx.Node, placeholders: dict[fx.Node, int]) -> tuple[int | None, fx.Node | None, list]:
-    """Trace a GEMM's right operand back to a [N, K/W] graph input through a transpose."""
+def _weight(b: Any) -> tuple[fx.Node | None, str, list[fx.Node]]:
+    """A GEMM's right operand as (placeholder, layout, nodes that die with it)."""
     chain: list[fx.Node] = []
     node = _walk_back(b, _W_CHAIN, chain)
-    if _is_target(node, {aten.permute.default}) and list(node.args[1]) == [1, 0]:
+    layout = "in_out"
+    if (_is(node, {aten.permute.default}) and list(node.args[1]) == [1, 0]) or _is(node, {aten.t.default}):
         chain.append(node)
-        node = node.args[0]
-    elif _is_target(node, {aten.t.default}):
-        chain.append(node)
-        node = node.args[0]
-    else:
-        return None, None, chain
-    return placeholders.get(node), node, chain
+        node = _walk_back(node.args[0], _W_CHAIN, chain)
+        layout = "out_in"
+    if not (isinstance(node, fx.Node) and node.op == "placeholder"):
+        return None, layout, chain
+    return node, layout, chain
 
 
-def _as_k_slice(node: fx.Node):
-    """A K-slice in any of its post-grad spellings, as (x_full, dim, start, end, step, nodes
-    that die with it); None if ``node`` is not one.
-
-    ``slice`` (also what ``narrow`` and ``x[..., a:b]`` become), ``getitem`` of a
-    ``split`` / ``split_with_sizes`` (``torch.chunk`` / ``torch.split``), and
-    ``index_select`` by a step-1 ``arange``.
-    """
-    if _is_target(node, {aten.slice.Tensor}):
+def _as_k_slice(node: Any):
+    """A K-slice in any of its ATen spellings, as (x_full, dim, start, end, step, nodes
+    that die with it); None if ``node`` is not one."""
+    if _is(node, {aten.slice.Tensor}):
         a = node.args
         return (a[0], a[1] if len(a) > 1 else 0, a[2] if len(a) > 2 else 0,
                 a[3] if len(a) > 3 else None, a[4] if len(a) > 4 else 1, [])
     if isinstance(node, fx.Node) and node.op == "call_function" and node.target is operator.getitem:
         split, j = node.args
-        if _is_target(split, {aten.split.Tensor, aten.split_with_sizes.default}):
+        if _is(split, {aten.split.Tensor, aten.split_with_sizes.default}):
             size_arg = split.args[1]
             dim = split.args[2] if len(split.args) > 2 else 0
             k_full = _val(split.args[0]).shape[dim]
@@ -152,168 +139,213 @@ def _as_k_slice(node: fx.Node):
             siblings = [u for u in split.users if u is not node]
             dead = siblings + [split] if all(not u.users for u in siblings) else []
             return split.args[0], dim, start, start + sizes[j], 1, dead
-    if _is_target(node, {aten.index_select.default}):
+    if _is(node, {aten.index_select.default}):
         x, dim, index = node.args
-        if _is_target(index, {aten.arange.start, aten.arange.start_step}):
+        if _is(index, {aten.arange.start, aten.arange.start_step}):
             step = index.args[2] if len(index.args) > 2 else 1
             dead = [index] if len(index.users) == 1 else []
             return x, dim, index.args[0], index.args[1], step, dead
     return None
 
 
-def find_down_reduces(graph: fx.Graph, plan: LatentGatherPlan) -> list[DownReduceMatch]:
-    """Every all_reduce(sum)+wait site, classified (``skip`` set when not rewritable)."""
-    placeholders = {n: i for i, n in enumerate(graph.find_nodes(op="placeholder"))}
-    matches = []
-    for ar in graph.find_nodes(op="call_function", target=c10d.all_reduce.default):
-        waits = [u for u in ar.users if u.target == c10d.wait_tensor.default]
-        if len(waits) != 1 or len(ar.users) != 1:
-            continue
-        m = DownReduceMatch(all_reduce=ar, wait=waits[0], group_name=str(ar.args[2]))
-        matches.append(m)
-        if ar.args[1] != "sum":
-            m.skip = f"all_reduce op is {ar.args[1]!r}, not sum"
-            continue
-        world = plan.world_of_group.get(m.group_name)
-        rank = plan.rank_in_group.get(m.group_name)
-        if world is None or rank is None:
-            m.skip = f"group {m.group_name!r} unknown to this preparation"
-            continue
-        if world == 1:
-            m.skip = "group of size 1: nothing to reduce"
-            continue
-        chain: list[fx.Node] = []
-        gemm = _walk_back(ar.args[0], _OUT_CHAIN, chain)
-        if _is_target(gemm, _BIASED_GEMMS):
-            m.skip = "bias added inside each rank's partial (it would be reduced W times); add it after the reduce"
-            continue
-        if not _is_target(gemm, _GEMMS):
-            m.skip = "reduced tensor is not a GEMM output (mm/bmm/linear)"
-            continue
-        m.gemm = gemm
-        chain.append(gemm)
-        a, b = gemm.args[0], gemm.args[1]
-        w_idx, w_node, w_chain = _weight_input(b, placeholders)
-        x_chain: list[fx.Node] = []
-        sl = _walk_back(a, _X_CHAIN, x_chain)
-        partial_users = [n for n in chain if n is not gemm and not _single_user(n)]
-        if not _single_user(gemm) or partial_users:
-            m.skip = "partial product is used outside the reduce"
-            continue
-        if w_idx is None:
-            m.skip = "weight is not a graph input in [out, in] layout used through a transpose"
-            continue
-        wv = _val(w_node)
-        m.weight_input = w_idx
-        m.n, m.k_shard = int(wv.shape[0]), int(wv.shape[1])
-        for e in x_chain:
-            if e.target == aten.expand.default and list(_val(e).shape) != list(_val(e.args[0]).shape):
-                m.skip = "hidden row is broadcast before the GEMM"
-                break
-        if m.skip:
-            continue
-        ks = _as_k_slice(sl)
-        if ks is None:
-            m.skip = "GEMM input is not a K-slice of a replicated hidden row (not replicated input)"
-            continue
-        x_full, dim, start, end, step, extra_dead = ks
-        xv = _val(x_full)
-        k_full = xv.shape[-1]
-        end = k_full if end is None else min(end, k_full)  # open-ended slices carry INT64_MAX
-        if (dim not in (-1, xv.dim() - 1) or step != 1 or k_full != m.k_shard * world
-                or start != rank * m.k_shard or end != start + m.k_shard):
-            m.skip = (f"slice [{start}:{end}] of dim {dim} is not this rank's K-slice "
-                      f"[{rank * m.k_shard}:{(rank + 1) * m.k_shard}] of a [.., {k_full}] row (not replicated input)")
-            continue
-        if not _single_user(sl) or any(not _single_user(e) for e in x_chain):
-            m.skip = "the K-slice is used outside the GEMM"
-            continue
-        m.x_full = x_full
-        m.chain_nodes = [m.wait, ar] + chain + x_chain + [sl] + extra_dead
-        if xv.dtype != wv.dtype:
-            m.skip = f"dtype mismatch: hidden {xv.dtype} vs weight {wv.dtype}"
-            continue
-        if not xv.dtype.is_floating_point:
-            m.skip = f"non-floating dtype {xv.dtype}"
-            continue
-    return matches
-
-
-def _gate(m: DownReduceMatch, plan: LatentGatherPlan, graph: fx.Graph) -> str | None:
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    world = plan.world_of_group[m.group_name]
-    if not plan.enabled:
-        return "knob off (TPFLARE_LATENT_GATHER=0)"
-    if m.n % (plan.align * world):
-        return f"width: N={m.n} is not a multiple of align*W={plan.align}*{world}"
-    xv = _val(m.x_full)
-    rows = xv.numel() // xv.shape[-1]
-    if not statically_known_true(rows >= plan.min_rows):
-        return f"rows: {rows} rows not known to be >= {plan.min_rows} (TPFLARE_LATENT_GATHER_MIN_ROWS)"
-    src = plan.rows_for_input.get(m.weight_input)
-    if src is None or src.row_input is None:
-        return "no row shard" + (f": {src.reason}" if src is not None and src.reason else "")
-    rows_node = list(graph.find_nodes(op="placeholder"))[src.row_input]
-    rv = _val(rows_node)
-    expect = (m.n // world, m.k_shard * world)
-    if rv is None or tuple(rv.shape) != expect or rv.dtype != xv.dtype:
-        got = None if rv is None else (tuple(rv.shape), rv.dtype)
-        return f"row shard input has {got}, expected {expect} {xv.dtype}"
+def _bias_over_world(c: Any, world: int) -> fx.Node | None:
+    """``bias / W`` (how DTensor turns a Replicate bias into a Partial one): the full bias."""
+    if _is(c, {aten.div.Tensor}) and c.args[1] == world:
+        return c.args[0]
+    if _is(c, {aten.mul.Tensor}) and isinstance(c.args[1], float) and c.args[1] * world == 1.0:
+        return c.args[0]
     return None
 
 
-def _replace(m: DownReduceMatch, plan: LatentGatherPlan, graph: fx.Graph) -> dict[str, Any]:
-    world = plan.world_of_group[m.group_name]
-    src = plan.rows_for_input[m.weight_input]
-    rows_node = list(graph.find_nodes(op="placeholder"))[src.row_input]
-    xv = _val(m.x_full)
+def _static(d: Any, specialize: bool) -> int | None:
+    """A static size; a symbolic one is specialised (a guard: weights do not change shape)
+    only when the caller may rewrite, so a knob-off compile gains no guards."""
+    if isinstance(d, int):
+        return d
+    if isinstance(d, torch.SymInt) and specialize:
+        return int(d)
+    return None
+
+
+def _classify(s: Site, specialize: bool) -> None:
+    r = s.reduce
+    chain: list[fx.Node] = []
+    gemm = _walk_back(r.partial, _OUT_CHAIN, chain)
+    bias_node = None
+    if _is(gemm, _BIASED_GEMMS):
+        bias_node = gemm.args[0]
+        s.bias = _bias_over_world(bias_node, s.world)
+        if s.bias is None:
+            s.skip = ("bias added inside each rank's partial (the reduce adds it W times); "
+                      "add it after the reduce")
+            return
+        a, b = gemm.args[1], gemm.args[2]
+    elif _is(gemm, _GEMMS):
+        a, b = gemm.args[0], gemm.args[1]
+    else:
+        s.skip = "reduced tensor is not a GEMM output (mm/bmm/addmm)"
+        return
+    s.gemm = gemm
+    chain.append(gemm)
+    if len(gemm.users) != 1 or any(len(n.users) != 1 for n in chain if n is not gemm):
+        s.skip = "partial product is used outside the reduce"
+        return
+    w_node, s.layout, w_chain = _weight(b)
+    if w_node is None:
+        s.skip = "weight is not a graph input ([out, in] used through a transpose, or [in, out])"
+        return
+    wv = _val(w_node)
+    if wv is None or wv.dim() != 2:
+        s.skip = "weight is not a 2-D graph input"
+        return
+    dims = [_static(d, specialize) for d in wv.shape]
+    if None in dims:
+        s.skip = "weight shape is symbolic"
+        return
+    s.weight = w_node
+    if s.layout == "out_in":
+        s.n, s.k_shard = dims
+    else:
+        s.k_shard, s.n = dims
+    x_chain: list[fx.Node] = []
+    sl = _walk_back(a, _X_CHAIN, x_chain)
+    for e in x_chain:
+        if e.target == aten.expand.default and list(_val(e).shape) != list(_val(e.args[0]).shape):
+            s.skip = "hidden row is broadcast before the GEMM"
+            return
+    ks = _as_k_slice(sl)
+    if ks is None:
+        s.skip = "GEMM input is not a K-slice of a full hidden row (the row is not replicated here)"
+        return
+    x_full, dim, start, end, step, extra_dead = ks
+    start, end, step = (None if a is None else _static(_val(a) if isinstance(a, fx.Node) else a, specialize)
+                        for a in (start, end, step))
+    if start is None or step is None:
+        s.skip = "K-slice bounds are symbolic"
+        return
+    xv = _val(x_full)
+    k_full = _static(xv.shape[-1], specialize)
+    if k_full is None:
+        s.skip = "hidden width is symbolic"
+        return
+    end = k_full if end is None else min(end, k_full)      # open-ended slices carry INT64_MAX
+    if (dim not in (-1, xv.dim() - 1) or step != 1 or k_full != s.k_shard * s.world
+            or start != s.rank * s.k_shard or end != start + s.k_shard):
+        s.skip = (f"slice [{start}:{end}] of dim {dim} is not this rank's K-slice "
+                  f"[{s.rank * s.k_shard}:{(s.rank + 1) * s.k_shard}] of a [.., {s.k_shard * s.world}] row")
+        return
+    if len(sl.users) != 1 or any(len(e.users) != 1 for e in x_chain):
+        s.skip = "the K-slice is used outside the GEMM"
+        return
+    pv = _val(r.partial)
+    if (pv is None or _static(pv.shape[-1], specialize) != s.n
+            or [str(d) for d in pv.shape[:-1]] != [str(d) for d in xv.shape[:-1]]):
+        s.skip = "the reduced tensor is not [leading dims of the hidden row, N]"
+        return
+    s.x_full = x_full
+    dead_bias = [bias_node] if bias_node is not None and len(bias_node.users) == 1 else []
+    s.chain_nodes = r.nodes + chain + w_chain + x_chain + [sl] + extra_dead + dead_bias
+    if xv.dtype != wv.dtype:
+        s.skip = f"dtype mismatch: hidden {xv.dtype} vs weight {wv.dtype}"
+    elif not xv.dtype.is_floating_point:
+        s.skip = f"non-floating dtype {xv.dtype}"
+    elif s.bias is not None and (_val(s.bias) is None or _val(s.bias).dim() != 1
+                                 or _static(_val(s.bias).shape[0], specialize) != s.n):
+        s.skip = "bias/W inside the partial is not a [N] vector"
+
+
+def find_sites(graph: fx.Graph, group_info: GroupInfo, specialize: bool = False) -> list[Site]:
+    """Every sum all-reduce of ``graph`` as a classified ``Site`` (the only matcher).
+
+    ``specialize``: symbolic weight / hidden-width sizes become static (guards);
+    else such a site is skipped.  Row counts stay symbolic (see ``Site.rows``).
+    """
+    sites = []
+    for r in collectives.find_reduces(graph):
+        s = Site(r)
+        sites.append(s)
+        if r.skip:
+            s.skip = r.skip
+            continue
+        s.rank, s.world = group_info(r.group)
+        if s.world == 1:
+            s.skip = "group of size 1: nothing to reduce"
+            continue
+        try:
+            _classify(s, specialize)
+        except Exception as e:  # a spelling the matcher does not know: never crash the compile
+            s.skip = f"not understood by the matcher ({type(e).__name__}: {e})"
+    return sites
+
+
+# --- the rewrite ------------------------------------------------------------------------------------
+class _Builder:
+    """Adds nodes before ``anchor`` with fake values (the passes after us read ``meta['val']``)."""
+
+    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode) -> None:
+        self.graph, self.anchor, self.fake_mode = graph, anchor, fake_mode
+
+    def __call__(self, target, *args) -> fx.Node:
+        with self.graph.inserting_before(self.anchor):
+            node = self.graph.call_function(target, args)
+        vals = torch.utils._pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], args)
+        with self.fake_mode:
+            node.meta["val"] = target(*vals)
+        return node
+
+
+def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_rows: int = 0) -> dict[str, Any]:
+    """Replace site ``s`` (gates already passed) by the row-shard GEMM + column gather."""
+    xv = _val(s.x_full)
     k = xv.shape[-1]
-    m_rows = xv.numel() // k
-    out_shape = list(_val(m.all_reduce.args[0]).shape)
-    chunk = plan.channel_rows if plan.channel_rows and isinstance(m_rows, int) else 0
-    with graph.inserting_before(m.wait):
-        x2 = graph.call_function(aten.view.default, (m.x_full, [m_rows, k]))
+    m_rows = s.rows()
+    out_shape = list(_val(s.reduce.partial).shape)
+    b = _Builder(graph, s.reduce.result, fake_mode)
+    x2 = s.x_full if xv.dim() == 2 else b(aten.view.default, s.x_full, [-1, k])
+    bias_col = None
+    if s.bias is not None:
+        n_r = s.n // s.world
+        part = b(aten.slice.Tensor, s.bias, 0, s.rank * n_r, (s.rank + 1) * n_r)
+        bias_col = b(aten.view.default, part, [n_r, 1])
 
-        def gathered(x_rows: fx.Node) -> fx.Node:
-            xt = graph.call_function(aten.permute.default, (x_rows, [1, 0]))
-            yt = graph.call_function(aten.mm.default, (rows_node, xt))
-            ag = graph.call_function(c10d.all_gather_into_tensor.default, (yt, world, m.group_name))
-            g = graph.call_function(c10d.wait_tensor.default, (ag,))
-            return graph.call_function(aten.permute.default, (g, [1, 0]))
+    def gathered(x_rows: fx.Node) -> fx.Node:
+        xt = b(aten.permute.default, x_rows, [1, 0])
+        yt = (b(aten.addmm.default, bias_col, rows_node, xt) if bias_col is not None
+              else b(aten.mm.default, rows_node, xt))
+        with graph.inserting_before(s.reduce.result):
+            g = collectives.emit_all_gather(graph, yt, s.world, s.reduce)
+        _ensure_val(g, fake_mode)
+        return b(aten.permute.default, g, [1, 0])
 
-        if chunk and m_rows > chunk:
-            parts = []
-            for i0 in range(0, m_rows, chunk):
-                xs = graph.call_function(aten.slice.Tensor, (x2, 0, i0, min(i0 + chunk, m_rows)))
-                parts.append(gathered(xs))
-            y2 = graph.call_function(aten.cat.default, (parts, 0))
-        else:
-            y2 = gathered(x2)
-        y = graph.call_function(aten.view.default, (y2, out_shape))
-    m.wait.replace_all_uses_with(y)
-    for node in m.chain_nodes:  # wait, all_reduce, out views, gemm, x chain, slice
+    chunk = channel_rows if channel_rows and isinstance(m_rows, int) and m_rows > channel_rows else 0
+    if chunk:
+        parts = [gathered(b(aten.slice.Tensor, x2, 0, i0, min(i0 + chunk, m_rows)))
+                 for i0 in range(0, m_rows, chunk)]
+        y2 = b(aten.cat.default, parts, 0)
+    else:
+        y2 = gathered(x2)
+    if len(out_shape) == 2:
+        y = y2
+    else:
+        lead = [d if isinstance(d, int) else b(aten.sym_size.int, s.x_full, i)
+                for i, d in enumerate(out_shape[:-1])]
+        y = b(aten.view.default, y2, lead + [out_shape[-1]])
+    s.reduce.result.replace_all_uses_with(y)
+    for node in s.chain_nodes:
         if not node.users:
             graph.erase_node(node)
-    return dict(rows=m_rows, chunks=(-(-m_rows // chunk) if chunk and m_rows > chunk else 1),
-                row_shard=src.origin, memory_added_bytes=src.added_bytes)
+    return dict(rows=m_rows if isinstance(m_rows, int) else str(m_rows),
+                chunks=(-(-m_rows // chunk) if chunk else 1))
 
 
-def run(graph: fx.Graph, plan: LatentGatherPlan) -> list[dict[str, Any]]:
-    """Find, gate and rewrite every down_reduce site; return one record per site."""
-    out = []
-    for m in find_down_reduces(graph, plan):
-        site = f"{plan.graph_id}:{m.name}" if plan.graph_id else m.name
-        base: dict[str, Any] = dict(site=site, group=m.group_name)
-        if m.n:
-            base.update(N=m.n, K=m.k_shard * plan.world_of_group.get(m.group_name, 0),
-                        W=plan.world_of_group.get(m.group_name))
-        reason = m.skip or _gate(m, plan, graph)
-        if reason:
-            out.append(report.record("latent_gather", "skipped", reason=reason, **base))
-            continue
-        info = _replace(m, plan, graph)
-        out.append(report.record("latent_gather", "rewritten", **base, **info))
-    if any(r["decision"] == "rewritten" for r in out):
-        graph.lint()
-    return out
+def _ensure_val(node: fx.Node, fake_mode) -> None:
+    if "val" in node.meta:
+        return
+    for n in node.all_input_nodes:
+        _ensure_val(n, fake_mode)
+    args = torch.utils._pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], node.args)
+    with fake_mode:
+        node.meta["val"] = node.target(*args)
+
+
+__all__ = ["Site", "find_sites", "rewrite"]

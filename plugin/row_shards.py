@@ -42,12 +42,14 @@ def _version(t: torch.Tensor) -> int | None:
 class _Entry:
     col: "weakref.ref[torch.Tensor]"
     rows: torch.Tensor
-    origin: str              # "registered" | "resharded"
+    origin: str              # "registered" | "resharded" | "dtensor"
     name: str
     group_name: str | None = None
     world: int | None = None
     col_version: int | None = None
     rows_version: int | None = None
+    layout: str = "out_in"
+    dtensor: "weakref.ref | None" = None   # the DTensor weight a "dtensor" row shard was redistributed from
 
 
 _entries: dict[int, _Entry] = {}
@@ -64,9 +66,12 @@ def _drop(key: int) -> None:
 
 
 def register_row_shard(col_weight: torch.Tensor, row_weight: torch.Tensor, name: str | None = None,
-                       world: int | None = None) -> None:
-    """Declare ``row_weight`` (``[N/W, K]``) as this rank's row shard of ``col_weight`` (``[N, K/W]``).
+                       world: int | None = None, layout: str = "out_in") -> None:
+    """Declare ``row_weight`` as this rank's row shard of ``col_weight``.
 
+    ``layout="out_in"`` (``nn.Linear``, ``F.linear``, ``x @ w.t()``): ``col_weight``
+    is ``[N, K/W]`` and ``row_weight`` ``[N/W, K]``.  ``layout="in_out"``
+    (``x @ w``): ``col_weight`` is ``[K/W, N]`` and ``row_weight`` ``[K, N/W]``.
     ``world`` defaults to the default group's size when torch.distributed is
     initialised.  The values must be those of the same full weight: tpflare
     checks shapes, dtypes and devices here, and the rewrite's tests compare it
@@ -75,6 +80,21 @@ def register_row_shard(col_weight: torch.Tensor, row_weight: torch.Tensor, name:
     label = name or "registered row shard"
     if not isinstance(col_weight, torch.Tensor) or not isinstance(row_weight, torch.Tensor):
         raise TypeError("register_row_shard(col_weight, row_weight): both must be tensors")
+    if layout not in ("out_in", "in_out"):
+        raise ValueError(f"{label}: layout={layout!r}, expected 'out_in' ([N, K/W] weights, x @ w.t()) "
+                         "or 'in_out' ([K/W, N] weights, x @ w)")
+    if layout == "in_out":
+        if col_weight.dim() != 2 or row_weight.dim() != 2:
+            raise ValueError(f"{label}: layout 'in_out' wants a 2-D column shard [K/W, N] and a 2-D row "
+                             f"shard [K, N/W]; got {tuple(col_weight.shape)} and {tuple(row_weight.shape)}")
+        col_view, row_view = col_weight.t(), row_weight.t()
+        _register(col_weight, col_view, row_view, label, world, "in_out")
+        return
+    _register(col_weight, col_weight, row_weight, label, world, "out_in")
+
+
+def _register(key_tensor: torch.Tensor, col_weight: torch.Tensor, row_weight: torch.Tensor, label: str,
+              world: int | None, layout: str) -> None:
     if col_weight.dim() != 2 or row_weight.dim() != 2:
         raise ValueError(f"{label}: column shard must be 2-D [N, K/W] and row shard 2-D [N/W, K]; "
                          f"got {tuple(col_weight.shape)} and {tuple(row_weight.shape)}")
@@ -91,11 +111,12 @@ def register_row_shard(col_weight: torch.Tensor, row_weight: torch.Tensor, name:
     if row_weight.dtype != col_weight.dtype or row_weight.device != col_weight.device:
         raise ValueError(f"{label}: row shard is {row_weight.dtype} on {row_weight.device}, the column "
                          f"shard {col_weight.dtype} on {col_weight.device}; they must match")
-    key = _key(col_weight)
+    key = _key(key_tensor)
     with _lock:
-        _entries[key] = _Entry(weakref.ref(col_weight, lambda _r, k=key: _drop(k)), row_weight,
+        _entries[key] = _Entry(weakref.ref(key_tensor, lambda _r, k=key: _drop(k)), row_weight,
                                "registered", label, world=world,
-                               col_version=_version(col_weight), rows_version=_version(row_weight))
+                               col_version=_version(key_tensor), rows_version=_version(row_weight),
+                               layout=layout)
 
 
 def lookup(col_weight: torch.Tensor) -> _Entry | None:
@@ -106,20 +127,39 @@ def lookup(col_weight: torch.Tensor) -> _Entry | None:
     return e
 
 
-def resharded(col_weight: torch.Tensor, name: str, world: int, group_name: str) -> tuple[torch.Tensor, int]:
-    """This rank's row shard of ``col_weight``, built once (collective on first use).
+def _build(col_weight: torch.Tensor, world: int, group_name: str, layout: str, dtensor) -> torch.Tensor:
+    with torch.no_grad():
+        if dtensor is not None:        # the DTensor weight itself, redistributed over its mesh
+            from torch.distributed.tensor import Shard
 
-    Returns (rows, bytes added by this call: 0 when reused).
+            target = [Shard(0)] if layout == "out_in" else [Shard(1)]
+            rows = dtensor.detach().redistribute(dtensor.device_mesh, target).to_local()
+            return (rows if layout == "out_in" else rows.t()).contiguous()
+        col = col_weight.detach() if layout == "out_in" else col_weight.detach().t().contiguous()
+        return torch.ops.tpflare.reshard_rows(col, world, group_name)
+
+
+def resharded(col_weight: torch.Tensor, name: str, world: int, group_name: str, layout: str = "out_in",
+              dtensor: Any = None) -> tuple[torch.Tensor, int]:
+    """This rank's row shard ``[N/W, K]`` of ``col_weight``, built once (collective on first use).
+
+    ``col_weight`` is ``[N, K/W]`` (``layout="out_in"``) or ``[K/W, N]`` (``"in_out"``).
+    With ``dtensor`` (the DTensor whose local tensor ``col_weight`` is), the row shard is
+    that DTensor redistributed to the other dimension's sharding; else one
+    ``tpflare.reshard_rows`` all-to-all.  Returns (rows, bytes added by this call: 0
+    when reused).
     """
     e = lookup(col_weight)
-    if e is not None and e.origin == "resharded" and e.world == world and e.group_name == group_name:
+    if (e is not None and e.origin in ("resharded", "dtensor") and e.world == world
+            and e.group_name == group_name and e.layout == layout):
         return e.rows, 0
-    with torch.no_grad():
-        rows = torch.ops.tpflare.reshard_rows(col_weight.detach(), world, group_name)
+    rows = _build(col_weight, world, group_name, layout, dtensor)
     key = _key(col_weight)
     with _lock:
-        _entries[key] = _Entry(weakref.ref(col_weight, lambda _r, k=key: _drop(k)), rows, "resharded",
-                               name, group_name, world, _version(col_weight), None)
+        _entries[key] = _Entry(weakref.ref(col_weight, lambda _r, k=key: _drop(k)), rows,
+                               "dtensor" if dtensor is not None else "resharded",
+                               name, group_name, world, _version(col_weight), None, layout,
+                               weakref.ref(dtensor) if dtensor is not None else None)
     added = rows.numel() * rows.element_size()
     log.info("tpflare: resharded %s into a row shard %s (%d bytes added)", name, tuple(rows.shape), added)
     return rows, added
@@ -156,15 +196,16 @@ def refresh_row_shards() -> int:
     A collective: call it on every rank, in the same order.  Returns the number refreshed.
     """
     with _lock:
-        items = sorted(((k, e) for k, e in _entries.items() if e.origin == "resharded"),
+        items = sorted(((k, e) for k, e in _entries.items() if e.origin in ("resharded", "dtensor")),
                        key=lambda kv: kv[1].name)
     n = 0
     for _k, e in items:
         col = e.col()
         if col is None:
             continue
+        dtensor = e.dtensor() if e.dtensor is not None else None
+        fresh = _build(col, e.world, e.group_name, e.layout, dtensor)
         with torch.no_grad():
-            fresh = torch.ops.tpflare.reshard_rows(col.detach(), e.world, e.group_name)
             e.rows.copy_(fresh)
         e.col_version = _version(col)
         n += 1
@@ -174,5 +215,5 @@ def refresh_row_shards() -> int:
 def describe() -> list[dict[str, Any]]:
     with _lock:
         return [dict(name=e.name, origin=e.origin, shape=tuple(e.rows.shape),
-                     bytes=(e.rows.numel() * e.rows.element_size() if e.origin == "resharded" else 0))
+                     bytes=(e.rows.numel() * e.rows.element_size() if e.origin != "registered" else 0))
                 for e in _entries.values()]
