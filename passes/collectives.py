@@ -247,16 +247,17 @@ def find_reduces(graph: fx.Graph) -> list[Reduce]:
 def _inplace_reduce(node: fx.Node, spec: StackAllReduce) -> Reduce | None:
     first = spec.op._schema.arguments[0].name
     kw = node.kwargs
+    n_out = len(spec.op._schema.returns) or 1                # a ()-op still yields one None output
     if "_all_bases" in kw:                                   # auto_functionalized_v2
         bases = kw["_all_bases"]
         idx = kw.get(f"_{first}_base_index")
         partial = bases[idx] if isinstance(idx, int) else None
         is_view = any(k in kw for k in (f"_{first}_size", f"_{first}_stride", f"_{first}_storage_offset",
                                         f"_{first}_slice_dim"))
-        out_index = len(spec.op._schema.returns) + (idx if isinstance(idx, int) else 0)
+        out_index = n_out + (idx if isinstance(idx, int) else 0)
     else:                                                    # auto_functionalized (v1)
         partial, is_view = kw.get(first), False
-        out_index = len(spec.op._schema.returns)
+        out_index = n_out
     getters = [u for u in node.users if u.target is operator.getitem and u.args[1] == out_index]
     if partial is None or len(getters) != 1 or len(node.users) != 1:
         return None

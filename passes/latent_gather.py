@@ -234,9 +234,6 @@ def _classify(s: Site, specialize: bool) -> None:
         s.skip = (f"slice [{start}:{end}] of dim {dim} is not this rank's K-slice "
                   f"[{s.rank * s.k_shard}:{(s.rank + 1) * s.k_shard}] of a [.., {s.k_shard * s.world}] row")
         return
-    if len(sl.users) != 1 or any(len(e.users) != 1 for e in x_chain):
-        s.skip = "the K-slice is used outside the GEMM"
-        return
     pv = _val(r.partial)
     if (pv is None or _static(pv.shape[-1], specialize) != s.n
             or [str(d) for d in pv.shape[:-1]] != [str(d) for d in xv.shape[:-1]]):
@@ -294,8 +291,17 @@ class _Builder:
         return node
 
 
-def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_rows: int = 0) -> dict[str, Any]:
-    """Replace site ``s`` (gates already passed) by the row-shard GEMM + column gather."""
+def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_rows: int = 0,
+            replaced: dict[fx.Node, fx.Node] | None = None) -> dict[str, Any]:
+    """Replace site ``s`` (gates already passed) by the row-shard GEMM + column gather.
+
+    ``replaced`` maps the results of sites rewritten before to their new nodes (a
+    site's hidden row may be an earlier site's output); this site's is added.
+    """
+    replaced = {} if replaced is None else replaced
+    s.x_full = replaced.get(s.x_full, s.x_full)
+    if s.bias is not None:
+        s.bias = replaced.get(s.bias, s.bias)
     xv = _val(s.x_full)
     k = xv.shape[-1]
     m_rows = s.rows()
@@ -331,6 +337,7 @@ def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_row
                 for i, d in enumerate(out_shape[:-1])]
         y = b(aten.view.default, y2, lead + [out_shape[-1]])
     s.reduce.result.replace_all_uses_with(y)
+    replaced[s.reduce.result] = y
     for node in s.chain_nodes:
         if not node.users:
             graph.erase_node(node)

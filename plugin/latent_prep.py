@@ -379,6 +379,7 @@ class LatentGatherCompiler:
         bindings: list[RowBinding] = []
         new_fakes: list[Any] = []
         last = placeholders[-1]
+        replaced: dict[fx.Node, fx.Node] = {}
         for s, info in plan:
             ci = index[s.weight]
             if ci not in rows_nodes:
@@ -395,7 +396,8 @@ class LatentGatherCompiler:
                 info.update(row_shard=origin, memory_added_bytes=added)
             else:
                 info.update(row_shard="shared", memory_added_bytes=0)
-            done = rewrite(gm.graph, s, rows_nodes[ci], fake_mode, self.settings.latent_gather_channel_rows)
+            done = rewrite(gm.graph, s, rows_nodes[ci], fake_mode, self.settings.latent_gather_channel_rows,
+                           replaced)
             rec = {k: v for k, v in info.items() if k not in ("registered", "dtensor")}
             self.records.append(reporting.record("latent_gather", "rewritten", **rec, **done))
         gm.graph.eliminate_dead_code()

@@ -100,7 +100,7 @@ def _scenario(rank, world, register):
     return out
 
 
-@pytest.mark.parametrize("world,register", [(2, True), (4, False), (8, True)])
+@pytest.mark.parametrize("world,register", [(2, True), (4, False)])
 def test_rewrite_end_to_end(world, register):
     res = run_ranks(_scenario, world, args=(register,), timeout=240)
     for r in res:
@@ -158,7 +158,7 @@ def _fx_cache_scenario(rank, world, cache_dir):
         tpflare.clear_report()
         with tpflare.config.patch(latent_gather=on):
             outs[label] = torch.compile(f, backend="tpflare", fullgraph=True)(x, w_col, b)
-        outs[label + "_records"] = [r["decision"] for r in tpflare.report() if r["decision"] != "prepared"]
+        outs[label + "_records"] = [r["decision"] for r in tpflare.report() if r["kind"] == "latent_gather"]
     gather_ref = (x.float() @ w.float().T).to(torch.bfloat16) + b
     return dict(
         on_is_gather=torch.allclose(outs["on"].float(), gather_ref.float(), atol=1e-2),
@@ -250,4 +250,4 @@ def _sharded_input_layer(rank, world):
 def test_sharded_input_layer_gets_no_row_shard_and_is_left_alone():
     for records, n_row_shards, same in run_ranks(_sharded_input_layer, 2, timeout=120):
         assert n_row_shards == 0 and same                       # nothing resharded, no memory added
-        assert ("skipped", "GEMM input is not a K-slice of a replicated hidden row (not replicated input)") in records
+        assert ("skipped", "GEMM input is not a K-slice of a full hidden row (the row is not replicated here)") in records

@@ -1,11 +1,12 @@
-"""Pass-level tests of the latent-gather rewrite on traced ATen graphs (no processes)."""
+"""Pass-level tests of the latent-gather matcher and rewrite on traced ATen graphs (no processes)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from tpflare.passes import collectives, replication
 from tpflare.passes import latent_gather as lg
-from tpflare.passes.manager import TpflarePostGradPass
 
 c10d = torch.ops._c10d_functional
 aten = torch.ops.aten
@@ -28,22 +29,36 @@ def _trace(fn, x, w=None, rows=None, dtype=torch.bfloat16):
     return make_fx(fn, tracing_mode="fake")(x, w, rows)
 
 
-def _plan(**kw):
-    base = dict(enabled=True, align=64, min_rows=9, channel_rows=0, rank_in_group={"g": RANK},
-                world_of_group={"g": W}, rows_for_input={1: lg.RowSource(2, "", "registered", 0)})
-    base.update(kw)
-    return lg.LatentGatherPlan(**base)
+def _info(world=W, rank=RANK):
+    return lambda g: (rank, world)
+
+
+def _sites(gm, **kw):
+    return lg.find_sites(gm.graph, _info(**kw))
+
+
+def _rewrite(gm, s, channel_rows=0):
+    rows = list(gm.graph.find_nodes(op="placeholder"))[2]
+    fake_mode = rows.meta["val"].fake_mode
+    return lg.rewrite(gm.graph, s, rows, fake_mode, channel_rows)
 
 
 def _targets(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
+def _run_fake(gm, *shapes):
+    gm.recompile()
+    with FakeTensorMode():
+        return gm(*[torch.empty(*s, dtype=torch.bfloat16) for s in shapes])
+
+
 @pytest.mark.parametrize("shape", [(16, 2 * KS), (2, 8, 2 * KS)], ids=["mm", "3d"])
 def test_rewrites_matched_site(shape):
     gm = _trace(site, torch.randn(*shape, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert [r["decision"] for r in recs] == ["rewritten"], recs
+    [s] = _sites(gm)
+    assert s.skip is None and (s.n, s.k, s.layout) == (N, 2 * KS, "out_in")
+    _rewrite(gm, s)
     t = _targets(gm)
     assert c10d.all_reduce.default not in t and aten.slice.Tensor not in t   # K-slice copy gone
     assert t.count(c10d.all_gather_into_tensor.default) == 1
@@ -51,143 +66,43 @@ def test_rewrites_matched_site(shape):
     assert mm.args[0].name == "rows_1"                          # full-K GEMM with the row shard
     ag = next(n for n in gm.graph.nodes if n.target == c10d.all_gather_into_tensor.default)
     assert ag.args[1:] == (W, "g")
-    gm.recompile()
-    # the rewritten graph still produces the shape the model expects
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        out = gm(torch.empty(*shape, dtype=torch.bfloat16), torch.empty(N, KS, dtype=torch.bfloat16),
-                 torch.empty(N // W, 2 * KS, dtype=torch.bfloat16))
+    assert all("val" in n.meta for n in gm.graph.nodes if n.op != "output")   # later passes read it
+    out = _run_fake(gm, shape, (N, KS), (N // W, 2 * KS))
     assert tuple(out.shape) == shape[:-1] + (N,)
 
 
 def test_channel_rows_chunks_the_gather():
     gm = _trace(site, torch.randn(40, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan(channel_rows=16))
-    assert recs[0]["decision"] == "rewritten" and recs[0]["chunks"] == 3
+    [s] = _sites(gm)
+    assert _rewrite(gm, s, channel_rows=16)["chunks"] == 3
     assert _targets(gm).count(c10d.all_gather_into_tensor.default) == 3
 
 
-@pytest.mark.parametrize("plan_kw,x_rows,reason", [
-    (dict(enabled=False), 16, "knob off"),
-    (dict(align=128), 16, "width"),
-    (dict(min_rows=9), 8, "rows"),
-    (dict(rows_for_input={}), 16, "no row shard"),
-    (dict(rows_for_input={1: lg.RowSource(None, "not registered and TPFLARE_LATENT_GATHER_RESHARD=never")}),
-     16, "RESHARD=never"),
-    (dict(world_of_group={"g": 1}, rank_in_group={"g": 0}), 16, "size 1"),
-    (dict(rank_in_group={"g": 0}), 16, "not this rank's K-slice"),
-])
-def test_gates_skip_with_reason(plan_kw, x_rows, reason):
-    gm = _trace(site, torch.randn(x_rows, 2 * KS, dtype=torch.bfloat16))
-    before = str(gm.graph)
-    recs = lg.run(gm.graph, _plan(**plan_kw))
-    assert len(recs) == 1 and recs[0]["decision"] == "skipped"
-    assert reason in recs[0]["reason"], recs[0]
-    assert str(gm.graph) == before
+def test_in_out_weight_layout_matches():
+    def io(x, w, rows):                           # x_local @ w, w stored [in, out] = [K/W, N]
+        return _reduce(torch.matmul(torch.chunk(x, W, -1)[RANK], w))
+
+    gm = _trace(io, torch.randn(16, 2 * KS, dtype=torch.bfloat16), w=torch.randn(KS, N, dtype=torch.bfloat16))
+    [s] = _sites(gm)
+    assert s.skip is None and s.layout == "in_out" and (s.n, s.k_shard) == (N, KS)
+    _rewrite(gm, s)
+    assert tuple(_run_fake(gm, (16, 2 * KS), (KS, N), (N // W, 2 * KS)).shape) == (16, N)
 
 
-def test_group_of_size_one_skipped():
-    def one(x, w, rows):
-        return _reduce(F.linear(x[..., 0:2 * KS], w))
+def test_bias_over_world_is_rewritten_with_the_full_bias():
+    def dtensor_style(x, w, rows):               # DTensor: Replicate bias -> Partial = bias / W
+        b = w[:, 0].clone()
+        return _reduce(torch.addmm(b / W, x[..., RANK * KS:(RANK + 1) * KS], w.t()))
 
-    gm = _trace(one, torch.randn(16, 2 * KS, dtype=torch.bfloat16), w=torch.randn(N, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan(world_of_group={"g": 1}, rank_in_group={"g": 0}))
-    assert recs[0]["decision"] == "skipped" and "size 1" in recs[0]["reason"]
-
-
-def test_not_replicated_input_skipped():
-    def sharded_input(x, w, rows):                 # x is already this rank's K-shard: no slice
-        return _reduce(F.linear(x, w))
-
-    gm = _trace(sharded_input, torch.randn(16, KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert recs[0]["decision"] == "skipped" and "not replicated input" in recs[0]["reason"]
+    gm = _trace(dtensor_style, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
+    [s] = _sites(gm)
+    assert s.skip is None and s.bias is not None
+    _rewrite(gm, s)
+    t = _targets(gm)
+    assert aten.div.Tensor not in t and t.count(aten.addmm.default) == 1
 
 
-def test_wrong_slice_offset_skipped():
-    def other_rank(x, w, rows):                    # rank 1 slicing rank 0's columns
-        return _reduce(F.linear(x[..., 0:KS], w))
-
-    gm = _trace(other_rank, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert "not this rank's K-slice" in recs[0]["reason"]
-
-
-def test_bias_inside_partial_skipped_and_bias_after_kept_once():
-    def biased(x, w, rows):                        # bias inside: the model adds it W times
-        return _reduce(F.linear(x[..., RANK * KS:(RANK + 1) * KS], w, rows[:, 0]))
-
-    gm = _trace(biased, torch.randn(16, 2 * KS, dtype=torch.bfloat16),
-                rows=torch.randn(N, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan(rows_for_input={}))
-    assert "bias" in recs[0]["reason"]
-
-    def bias_after(x, w, rows):
-        return _reduce(F.linear(x[..., RANK * KS:(RANK + 1) * KS], w)) + w[:, 0]
-
-    gm = _trace(bias_after, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert recs[0]["decision"] == "rewritten"
-    assert _targets(gm).count(aten.add.Tensor) == 1
-
-
-def test_dtype_mismatch_skipped():
-    gm = _trace(site, torch.randn(16, 2 * KS, dtype=torch.float32), w=torch.randn(N, KS, dtype=torch.bfloat16),
-                rows=torch.randn(N // W, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert "dtype" in recs[0]["reason"]
-
-
-def test_wrong_row_shard_shape_skipped_with_expected_shape():
-    gm = _trace(site, torch.randn(16, 2 * KS, dtype=torch.bfloat16),
-                rows=torch.randn(N, KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert recs[0]["decision"] == "skipped" and "expected (64, 16)" in recs[0]["reason"]
-
-
-def test_partial_used_elsewhere_skipped():
-    def leaky(x, w, rows):
-        y = F.linear(x[..., RANK * KS:(RANK + 1) * KS], w)
-        return _reduce(y) + y.sum()
-
-    gm = _trace(leaky, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert "partial product is used outside" in recs[0]["reason"]
-
-
-def test_graph_without_pattern_unchanged():
-    def plain(x, w, rows):
-        return torch.relu(x @ rows.t())
-
-    gm = _trace(plain, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
-    before = str(gm.graph)
-    assert lg.run(gm.graph, _plan()) == []
-    assert str(gm.graph) == before
-
-
-def test_uuid_changes_with_knobs_and_plan():
-    a = TpflarePostGradPass(_plan(), "k1").uuid()
-    assert a == TpflarePostGradPass(_plan(), "k1").uuid()
-    assert a != TpflarePostGradPass(_plan(), "k2").uuid()             # other decision knobs
-    assert a != TpflarePostGradPass(_plan(enabled=False), "k1").uuid()
-    assert a != TpflarePostGradPass(_plan(rows_for_input={}), "k1").uuid()
-    assert a != TpflarePostGradPass(_plan(rank_in_group={"g": 0}), "k1").uuid()
-
-
-def test_uuid_of_unhashable_chained_pass_bypasses_cache():
-    assert TpflarePostGradPass(_plan(), "k", chained=lambda g: None).uuid() is None
-
-
-def test_open_ended_slice_of_last_rank_matches():
-    def last_rank(x, w, rows):                    # x[..., 8:] is rank 1's K-slice
-        return _reduce(F.linear(x[..., RANK * KS:], w))
-
-    gm = _trace(last_rank, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
-    assert [r["decision"] for r in lg.run(gm.graph, _plan())] == ["rewritten"]
-
-
-@pytest.mark.parametrize("form", ["narrow", "chunk", "split", "index_select"])
+@pytest.mark.parametrize("form", ["narrow", "chunk", "split", "index_select", "open_ended"])
 def test_k_slice_spellings(form):
     def sliced(x):
         if form == "narrow":
@@ -196,23 +111,115 @@ def test_k_slice_spellings(form):
             return torch.chunk(x, W, -1)[RANK]
         if form == "split":
             return torch.split(x, [KS, KS], dim=-1)[RANK]
+        if form == "open_ended":
+            return x[..., RANK * KS:]
         return x.index_select(-1, torch.arange(RANK * KS, (RANK + 1) * KS))
 
-    def fn(x, w, rows):
-        return _reduce(F.linear(sliced(x), w))
-
-    gm = _trace(fn, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
-    recs = lg.run(gm.graph, _plan())
-    assert [r["decision"] for r in recs] == ["rewritten"], recs
+    gm = _trace(lambda x, w, rows: _reduce(F.linear(sliced(x), w)), torch.randn(16, 2 * KS, dtype=torch.bfloat16))
+    [s] = _sites(gm)
+    assert s.skip is None, s.skip
+    _rewrite(gm, s)
     t = _targets(gm)
     assert not {aten.split.Tensor, aten.split_with_sizes.default, aten.index_select.default,
                 aten.slice.Tensor} & set(t), t                  # the K-slice copy is gone
-    gm.recompile()
 
 
-def test_chunk_of_another_rank_is_not_replicated_input():
-    def fn(x, w, rows):
-        return _reduce(F.linear(torch.chunk(x, W, -1)[0], w))   # rank 1 using rank 0's chunk
+def _skip(fn, x, **kw):
+    gm = _trace(fn, x, **{k: v for k, v in kw.items() if k in ("w", "rows")})
+    sites = _sites(gm, **{k: v for k, v in kw.items() if k in ("world", "rank")})
+    assert len(sites) == 1
+    return sites[0].skip or ""
 
-    gm = _trace(fn, torch.randn(16, 2 * KS, dtype=torch.bfloat16))
-    assert "not this rank's K-slice" in lg.run(gm.graph, _plan())[0]["reason"]
+
+X = torch.randn(16, 2 * KS, dtype=torch.bfloat16)
+
+
+def test_structural_skips_name_their_reason():
+    assert "not a K-slice" in _skip(lambda x, w, r: _reduce(F.linear(x[..., :KS].contiguous() * 2, w)), X)
+    assert "not this rank's K-slice" in _skip(lambda x, w, r: _reduce(F.linear(x[..., 0:KS], w)), X)
+    assert "not this rank's K-slice" in _skip(lambda x, w, r: _reduce(F.linear(torch.chunk(x, W, -1)[0], w)), X)
+    assert "size 1" in _skip(lambda x, w, r: _reduce(F.linear(x, w)), X, w=torch.randn(N, 2 * KS).bfloat16(),
+                             world=1, rank=0)
+    assert "bias added inside" in _skip(
+        lambda x, w, r: _reduce(F.linear(x[..., RANK * KS:(RANK + 1) * KS], w, r[:, 0])), X,
+        rows=torch.randn(N, 2 * KS, dtype=torch.bfloat16))
+    assert "dtype mismatch" in _skip(site, X.float(), w=torch.randn(N, KS).bfloat16())
+    def leaky(x, w, r):
+        y = F.linear(x[..., RANK * KS:], w)
+        return _reduce(y) + y.sum()
+
+    assert "used outside the reduce" in _skip(leaky, X)
+    assert "not a GEMM output" in _skip(lambda x, w, r: _reduce(x * 2), X)
+    assert "not sum" in (lg.find_sites(make_fx(lambda x: c10d.wait_tensor(c10d.all_reduce(x, "max", "g")),
+                                               tracing_mode="fake")(X).graph, _info())[0].skip or "")
+
+
+def test_graph_without_pattern_has_no_sites():
+    gm = _trace(lambda x, w, rows: torch.relu(x @ rows.t()), X)
+    assert _sites(gm) == []
+
+
+# --- replication analysis ------------------------------------------------------------------------
+def _upstream(fn, *args):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    out = list(gm.graph.find_nodes(op="output"))[0].args[0][0]
+    index = {p: i for i, p in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    return replication.upstream(out, index)
+
+
+def test_upstream_leaves_collectives_and_blockers():
+    a, b = torch.randn(4, 8), torch.randn(8)
+    u = _upstream(lambda x, g: (x * g + 1,), a, b)
+    assert u.leaves == (0, 1) and u.proven_groups == () and u.blocker is None
+    u = _upstream(lambda x, g: (_reduce(x) * g,), a, b)       # after an all-reduce: only g is a leaf
+    assert u.leaves == (1,) and u.proven_groups == ("g",)
+    assert "random" in (_upstream(lambda x, g: (x + torch.rand_like(x),), a, b).blocker or "")
+    # a rank-dependent constant changes the fingerprint that ranks compare
+    assert _upstream(lambda x, g: (x + 0,), a, b).fingerprint != _upstream(lambda x, g: (x + 1,), a, b).fingerprint
+
+
+# --- a stack's own all-reduce op: registration is checked where it is made ----------------------
+lib = torch.library.Library("tpflare_test_stack", "FRAGMENT")
+lib.define("all_reduce(Tensor x, str group_name) -> Tensor")
+lib.define("inplace_all_reduce(Tensor(a!) x, str group_name) -> ()")
+lib.define("no_group(Tensor x) -> Tensor")
+lib.define("int_group(Tensor x, int group_name) -> Tensor")
+lib.define("all_gather(Tensor x, int dim, int world_size, str group_name) -> Tensor")
+lib.define("bad_gather(Tensor x, str group_name) -> Tensor")
+lib.impl("all_reduce", lambda x, g: x.clone(), "Meta")
+ops = torch.ops.tpflare_test_stack
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(op=ops.no_group), "no argument 'group_name'"),
+    (dict(op=ops.int_group), "is int, expected str"),
+    (dict(op=ops.all_reduce, inplace=True), "does not mutate its first argument"),
+    (dict(op=ops.inplace_all_reduce, inplace=False), "mutates its first argument"),
+    (dict(op=ops.all_reduce, all_gather=ops.bad_gather), "expected all_gather(Tensor x, int dim"),
+    (dict(op=ops.all_reduce, resolve_group={"tp:0": 3}), "bad entries"),
+    (dict(op="all_reduce"), "must be a torch op"),
+])
+def test_register_all_reduce_rejects_bad_ops_naming_op_and_argument(kwargs, needle):
+    with pytest.raises(collectives.RegistrationError) as e:
+        collectives.register_all_reduce(**kwargs)
+    assert needle in str(e.value)
+    assert collectives.registered() == []
+
+
+def test_registered_stack_op_is_a_reduce_and_an_unresolvable_group_fails_by_name():
+    spec = collectives.register_all_reduce(ops.all_reduce, resolve_group={"tp:0": "not-a-c10d-group"},
+                                           all_gather=ops.all_gather)
+    try:
+        assert spec.inplace is False and spec.all_gather == ops.all_gather.default
+        gm = make_fx(lambda x: ops.all_reduce(x, "tp:0"), tracing_mode="fake")(X)
+        with pytest.raises(ValueError) as e:
+            collectives.find_reduces(gm.graph)
+        msg = str(e.value)
+        assert "tpflare_test_stack.all_reduce" in msg and "group_name='tp:0'" in msg and "not-a-c10d-group" in msg
+        gm = make_fx(lambda x: ops.all_reduce(x, "tp:9"), tracing_mode="fake")(X)
+        with pytest.raises(ValueError, match="no such group in the registered mapping"):
+            collectives.find_reduces(gm.graph)
+    finally:
+        collectives.unregister_all_reduce(ops.all_reduce)
+    assert collectives.register_all_reduce(ops.inplace_all_reduce).inplace is True
+    collectives.unregister_all_reduce(ops.inplace_all_reduce)
