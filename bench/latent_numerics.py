@@ -1,6 +1,7 @@
 """Numerics of the latent gather vs the down_reduce it replaces (no processes).
 
-    python bench/latent_numerics.py [--rows 128] [--k 7168] [--n 3584] [--worlds 2 4 8] [--json PATH]
+    python bench/latent_numerics.py [--rows 128] [--k 7168] [--n 3584] [--worlds 2 4 8]
+                                    [--dtype bfloat16|float16|float32] [--json PATH]
 
 One down projection ``y = x @ W.T`` (x ``[M, K]``, W ``[N, K]``, both BF16
 values), simulated for W ranks in one process, against a float64 reference of
@@ -30,6 +31,10 @@ Inputs: ``gaussian`` (x ~ N(0, 1), W ~ N(0, std 1/sqrt(K))) and ``cancelling``
 (adversarial: rank pairs (2i, 2i+1) see the same hidden values and nearly
 opposite weights, so each rank's partial is large and they cancel: the true
 value is ~1/64 of a partial).
+
+``--dtype float16 / float32`` runs the same three paths in that dtype (partials
+and outputs rounded to it; the accumulation stays FP32), to show what the rewrite
+gains per dtype (docs/latent_gather.md, "Numerics per dtype").
 """
 from __future__ import annotations
 
@@ -46,11 +51,21 @@ from tpflare.demo import correctly_rounded_bf16
 BF16 = torch.bfloat16
 
 
-def make_inputs(kind: str, m: int, k: int, n: int, seed: int, pair_world: int = 2):
+def correctly_rounded(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 -> ``dtype`` with one round-to-nearest-even."""
+    if dtype == BF16:
+        return correctly_rounded_bf16(ref)
+    if dtype == torch.float32:
+        return ref.double().to(torch.float32)       # a direct double -> float cast rounds once
+    m, e = torch.frexp(ref.double())                # float16: 11 significant bits (normal range)
+    return torch.ldexp(torch.round(m * 2048.0) / 2048.0, e.double()).to(dtype)
+
+
+def make_inputs(kind: str, m: int, k: int, n: int, seed: int, pair_world: int = 2, dtype=BF16):
     g = torch.Generator().manual_seed(seed)
     if kind == "gaussian":
-        x = torch.randn(m, k, generator=g).to(BF16)
-        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(BF16)
+        x = torch.randn(m, k, generator=g).to(dtype)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
         return x, w
     if kind == "cancelling":
         # K is cut into 2*pairs blocks; for every block pair (2i, 2i+1) the hidden
@@ -72,8 +87,8 @@ def make_inputs(kind: str, m: int, k: int, n: int, seed: int, pair_world: int = 
         plus = list(range(0, blocks, 2))
         minus = list(range(1, blocks, 2))
         order = plus + minus
-        x = torch.cat([xs[j] for j in order], dim=1).to(BF16)
-        w = torch.cat([ws[j] for j in order], dim=1).to(BF16)
+        x = torch.cat([xs[j] for j in order], dim=1).to(dtype)
+        w = torch.cat([ws[j] for j in order], dim=1).to(dtype)
         return x, w
     raise ValueError(kind)
 
@@ -81,21 +96,22 @@ def make_inputs(kind: str, m: int, k: int, n: int, seed: int, pair_world: int = 
 def reduce_path(x: torch.Tensor, w: torch.Tensor, world: int, ring: bool) -> torch.Tensor:
     k = x.shape[1]
     ks = k // world
-    partials = [(x[:, r * ks:(r + 1) * ks].float() @ w[:, r * ks:(r + 1) * ks].float().T).to(BF16)
+    dt = x.dtype
+    partials = [(x[:, r * ks:(r + 1) * ks].float() @ w[:, r * ks:(r + 1) * ks].float().T).to(dt)
                 for r in range(world)]
     if not ring:
         acc = partials[0].float()
         for p in partials[1:]:
             acc = acc + p.float()
-        return acc.to(BF16)
+        return acc.to(dt)
     n = w.shape[0]
-    out = torch.empty(x.shape[0], n, dtype=BF16)
+    out = torch.empty(x.shape[0], n, dtype=dt)
     bounds = [(c * n // world, (c + 1) * n // world) for c in range(world)]
     for c, (c0, c1) in enumerate(bounds):
         order = [(c + 1 + j) % world for j in range(world)]
         acc = partials[order[0]][:, c0:c1]
         for r in order[1:]:
-            acc = (acc.float() + partials[r][:, c0:c1].float()).to(BF16)
+            acc = (acc.float() + partials[r][:, c0:c1].float()).to(dt)
         out[:, c0:c1] = acc
     return out
 
@@ -104,22 +120,22 @@ def gather_path(x: torch.Tensor, w: torch.Tensor, world: int) -> torch.Tensor:
     n = w.shape[0]
     ns = n // world
     xf = x.float()
-    return torch.cat([(xf @ w[r * ns:(r + 1) * ns].float().T).to(BF16) for r in range(world)], dim=1)
+    return torch.cat([(xf @ w[r * ns:(r + 1) * ns].float().T).to(x.dtype) for r in range(world)], dim=1)
 
 
 def metrics(y: torch.Tensor, ref: torch.Tensor, rounded: torch.Tensor) -> dict:
     d = y.double() - ref
     return dict(rel_rms=(d.norm() / ref.norm()).item(),
                 max_abs=d.abs().max().item(),
-                not_correctly_rounded=(y.view(torch.int16) != rounded.view(torch.int16)).double().mean().item())
+                not_correctly_rounded=(y != rounded).double().mean().item())
 
 
-def run(rows: int, k: int, n: int, worlds: list[int], seed: int) -> list[dict]:
+def run(rows: int, k: int, n: int, worlds: list[int], seed: int, dtype=BF16) -> list[dict]:
     results = []
     for kind in ("gaussian", "cancelling"):
-        x, w = make_inputs(kind, rows, k, n, seed, pair_world=max(worlds))
+        x, w = make_inputs(kind, rows, k, n, seed, pair_world=max(worlds), dtype=dtype)
         ref = x.double() @ w.double().T
-        rounded = correctly_rounded_bf16(ref)
+        rounded = correctly_rounded(ref, dtype)
         for world in worlds:
             if k % world or n % world:
                 raise SystemExit(f"K={k} and N={n} must divide by W={world}")
@@ -152,12 +168,13 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=3584, help="latent width N (default 3584)")
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--json", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    results = run(args.rows, args.k, args.n, args.worlds, args.seed)
+    results = run(args.rows, args.k, args.n, args.worlds, args.seed, getattr(torch, args.dtype))
     elapsed = time.perf_counter() - t0
-    print(f"latent numerics: M={args.rows} K={args.k} N={args.n}, BF16 inputs, float64 reference, "
+    print(f"latent numerics: M={args.rows} K={args.k} N={args.n}, {args.dtype} inputs, float64 reference, "
           f"torch {torch.__version__}, {elapsed:.1f} s")
     print(format_table(results))
     g = [r for r in results if r["input"] == "gaussian"]
