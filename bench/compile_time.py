@@ -29,7 +29,8 @@ warm = the cache the same round's cold run filled (no race).  Further columns
 (first call under cProfile, slowest rank; profiling adds overhead to every
 variant alike): kernels Inductor generated, Inductor's codegen + kernel load
 (``GraphLowering.compile_to_module``), and tpflare's own preparation: time inside
-the tpflare backend but outside Inductor's ``compile_fx``, of which in
+the tpflare backend but outside Inductor's ``compile_fx``, plus the latent gather's
+preparation inside it (``tpflare.latent_prep``, outside ``compile_fx_inner``), of which in
 preparation-time agreement collectives (waits for the other ranks included).
 """
 from __future__ import annotations
@@ -145,7 +146,10 @@ def _tpflare_own_seconds(prof) -> tuple[float | None, float | None]:
     backend = _cumulative(prof, "backend.py", "tpflare_backend")
     if not backend:
         return None, None
-    return backend - _cumulative(prof, "compile_fx.py", "compile_fx"), _cumulative(prof, "distributed.py", "agree")
+    # the latent gather prepares inside Inductor's compile_fx (tpflare.latent_prep is its inner compiler)
+    latent = _cumulative(prof, "latent_prep.py", "__call__") - _cumulative(prof, "compile_fx.py", "compile_fx_inner")
+    own = backend - _cumulative(prof, "compile_fx.py", "compile_fx") + max(latent, 0.0)
+    return own, _cumulative(prof, "distributed.py", "agree")
 
 
 def _summary(rounds: list[dict]) -> dict:

@@ -264,7 +264,11 @@ def find_sites(graph: fx.Graph, group_info: GroupInfo, specialize: bool = False)
         if r.skip:
             s.skip = r.skip
             continue
-        s.rank, s.world = group_info(r.group)
+        try:
+            s.rank, s.world = group_info(r.group)
+        except Exception as e:
+            s.skip = f"group {r.group!r} cannot be resolved on this rank ({type(e).__name__}: {e})"
+            continue
         if s.world == 1:
             s.skip = "group of size 1: nothing to reduce"
             continue
@@ -285,9 +289,7 @@ class _Builder:
     def __call__(self, target, *args) -> fx.Node:
         with self.graph.inserting_before(self.anchor):
             node = self.graph.call_function(target, args)
-        vals = torch.utils._pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], args)
-        with self.fake_mode:
-            node.meta["val"] = target(*vals)
+        _ensure_val(node, self.fake_mode)
         return node
 
 

@@ -227,7 +227,7 @@ class LatentGatherCompiler:
             return self.inner(gm, example_inputs, **kwargs)
         from tpflare.passes.latent_gather import find_sites
 
-        sites = find_sites(gm.graph, self._safe_group_info(), specialize=self.settings.latent_gather)
+        sites = find_sites(gm.graph, _group_info, specialize=self.settings.latent_gather)
         if not sites:
             return self.inner(gm, example_inputs, **kwargs)
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
@@ -238,14 +238,6 @@ class LatentGatherCompiler:
                 gm, example_inputs, kwargs = self._rewrite(gm, example_inputs, kwargs, plan, placeholders)
         compiled = self.inner(gm, example_inputs, **kwargs)
         return RowShardCall(compiled, self._bindings) if plan else compiled
-
-    def _safe_group_info(self):
-        def info(g: str) -> tuple[int, int]:
-            try:
-                return _group_info(g)
-            except Exception:
-                return 0, 1
-        return info
 
     # one local summary per site, agreed over the sites' groups ------------------------------------
     def _local(self, gm, sites, placeholders, fakes, is_inference) -> list[dict[str, Any]]:
@@ -349,9 +341,11 @@ class LatentGatherCompiler:
     def _agreed_reason(i: int, rec: dict, everyone: list, ranks: list) -> str | None:
         if any(len(o) != len(everyone[0]) or o[i]["sig"] != rec["sig"] for o in everyone):
             return "ranks compiled different sites here (every rank must compile the same model)"
+        if rec["skip"]:
+            return rec["skip"]
         for r, o in zip(ranks, everyone):
             if o[i]["skip"]:
-                return o[i]["skip"] + ("" if o[i] is rec else f" (rank {r})")
+                return f"{o[i]['skip']} (on rank {r})"
         blocker = next((o[i]["blocker"] for o in everyone if o[i]["blocker"]), None)
         if blocker:
             return f"hidden row not replicated: {blocker}"

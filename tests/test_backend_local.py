@@ -20,7 +20,7 @@ def test_knob_change_after_compile_warns_once(caplog):
     f = torch.compile(lambda x: x * 2, backend="tpflare", fullgraph=True)
     x = torch.randn(4)
     f(x)
-    with caplog.at_level(logging.WARNING, logger="tpflare.backend"):
+    with caplog.at_level(logging.WARNING, logger="tpflare"):
         with tpflare.config.patch(select="owner"):
             f(x)
             f(x)
