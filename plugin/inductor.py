@@ -10,7 +10,8 @@ The integration surface for serving stacks that own their torch.compile backend
    (``tpflare.passes.select_binding``; the winner becomes an op argument);
 3. ``compile_fx`` with ``inner_compile = LatentGatherCompiler`` (``latent_prep``):
    latent-gather sites are found, decided and rewritten on the AOT forward graph,
-   with their row shards appended as live inputs.
+   with their row shards appended as live inputs; ``TpflarePostGradPass`` keys
+   Inductor's caches on tpflare's source and decision knobs.
 
 While the rewrite can apply, AOTAutograd's own cache is bypassed for the graph: a
 hit there would skip the inner compiler, which appends the row shards.
@@ -93,11 +94,18 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], *, config_patc
     if select_binding.bind_select_sites(work, inputs, settings, graph_id=graph_id, recompile=False):
         work.recompile()
     latent = LatentGatherCompiler(settings, work, inputs, graph_id, inner=inner_compile)
+    import torch._inductor.config as inductor_config
+
+    from tpflare.passes.manager import TpflarePostGradPass
+
+    patches = dict(config_patches or {})
+    chained = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
+    patches["post_grad_custom_post_pass"] = TpflarePostGradPass(settings.decision_hash(), chained)
     may_rewrite = settings.latent_gather and is_distributed() and dist.get_world_size() > 1
     try:
         with _aot_cache_off() if may_rewrite else contextlib.nullcontext():
             compiled = inductor_compile_fx(work, inputs, inner_compile=latent,
-                                           config_patches=config_patches, **compile_fx_kwargs)
+                                           config_patches=patches, **compile_fx_kwargs)
     finally:
         latent.release()
     return _warn_on_knob_change(compiled, settings, graph_id)
