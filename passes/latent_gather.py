@@ -286,9 +286,9 @@ class _Builder:
     def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode) -> None:
         self.graph, self.anchor, self.fake_mode = graph, anchor, fake_mode
 
-    def __call__(self, target, *args) -> fx.Node:
+    def __call__(self, target, *args, **kwargs) -> fx.Node:
         with self.graph.inserting_before(self.anchor):
-            node = self.graph.call_function(target, args)
+            node = self.graph.call_function(target, args, kwargs)
         _ensure_val(node, self.fake_mode)
         return node
 
@@ -338,13 +338,23 @@ def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_row
         lead = [d if isinstance(d, int) else b(aten.sym_size.int, s.x_full, i)
                 for i, d in enumerate(out_shape[:-1])]
         y = b(aten.view.default, y2, lead + [out_shape[-1]])
-    s.reduce.result.replace_all_uses_with(y)
-    replaced[s.reduce.result] = y
+    # A graph output keeps the row-major layout eager code gave it (one transposing copy);
+    # consumers inside the graph read the column-major view in place.
+    result = s.reduce.result
+    orig = _val(result)
+    out_copy = None
+    if (any(u.op == "output" for u in result.users) and orig is not None and orig.is_contiguous()
+            and not y.meta["val"].is_contiguous()):
+        out_copy = b(aten.clone.default, y, memory_format=torch.contiguous_format)
+        for u in [u for u in result.users if u.op == "output"]:
+            u.replace_input_with(result, out_copy)
+    result.replace_all_uses_with(y)
+    replaced[result] = y
     for node in s.chain_nodes:
         if not node.users:
             graph.erase_node(node)
     return dict(rows=m_rows if isinstance(m_rows, int) else str(m_rows),
-                chunks=(-(-m_rows // chunk) if chunk else 1))
+                chunks=(-(-m_rows // chunk) if chunk else 1), output_layout_copy=out_copy is not None)
 
 
 def _ensure_val(node: fx.Node, fake_mode) -> None:
@@ -352,9 +362,9 @@ def _ensure_val(node: fx.Node, fake_mode) -> None:
         return
     for n in node.all_input_nodes:
         _ensure_val(n, fake_mode)
-    args = torch.utils._pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], node.args)
+    args, kwargs = torch.utils._pytree.tree_map_only(fx.Node, lambda n: n.meta["val"], (node.args, node.kwargs))
     with fake_mode:
-        node.meta["val"] = node.target(*args)
+        node.meta["val"] = node.target(*args, **kwargs)
 
 
 __all__ = ["Site", "find_sites", "rewrite"]

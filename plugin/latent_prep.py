@@ -216,7 +216,6 @@ class LatentGatherCompiler:
         self.settings, self.graph_id = settings, graph_id
         self.inner = inner or compile_fx_inner
         self._flat: list | None = flat_real_inputs(dynamo_gm, real_inputs)
-        self.records: list[dict[str, Any]] = []
 
     def release(self) -> None:
         """Drop the references to the real inputs (activations) once compile_fx returned."""
@@ -227,17 +226,19 @@ class LatentGatherCompiler:
             return self.inner(gm, example_inputs, **kwargs)
         from tpflare.passes.latent_gather import find_sites
 
-        sites = find_sites(gm.graph, _group_info, specialize=self.settings.latent_gather)
+        is_inference = kwargs.get("is_inference", True)
+        sites = find_sites(gm.graph, _group_info, specialize=self.settings.latent_gather and is_inference)
         if not sites:
             return self.inner(gm, example_inputs, **kwargs)
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         fakes = [p.meta.get("val") for p in placeholders]
+        bindings: list[RowBinding] = []
         with _real_tensors():
-            plan = self._decide(gm, sites, placeholders, fakes, kwargs.get("is_inference", True))
+            plan = self._decide(gm, sites, placeholders, fakes, is_inference)
             if plan:
-                gm, example_inputs, kwargs = self._rewrite(gm, example_inputs, kwargs, plan, placeholders)
+                example_inputs, kwargs = self._rewrite(gm, example_inputs, kwargs, plan, placeholders, bindings)
         compiled = self.inner(gm, example_inputs, **kwargs)
-        return RowShardCall(compiled, self._bindings) if plan else compiled
+        return RowShardCall(compiled, bindings) if plan else compiled
 
     # one local summary per site, agreed over the sites' groups ------------------------------------
     def _local(self, gm, sites, placeholders, fakes, is_inference) -> list[dict[str, Any]]:
@@ -332,7 +333,7 @@ class LatentGatherCompiler:
             if s.n:
                 base.update(N=s.n, K=s.k, W=s.world, layout=s.layout, bias=s.bias is not None)
             if reason:
-                self.records.append(reporting.record("latent_gather", "skipped", reason=reason, **base))
+                reporting.record("latent_gather", "skipped", reason=reason, **base)
                 continue
             plan.append((s, dict(base, **{k: rec[k] for k in ("registered", "dtensor", "weight_name", "proof")})))
         return plan
@@ -362,7 +363,8 @@ class LatentGatherCompiler:
         return None
 
     # the rewrite -------------------------------------------------------------------------------------
-    def _rewrite(self, gm, example_inputs, kwargs, plan, placeholders) -> tuple:
+    def _rewrite(self, gm, example_inputs, kwargs, plan, placeholders, bindings: list[RowBinding]) -> tuple:
+        """Rewrite ``gm`` in place; returns the inputs and kwargs to compile it with."""
         from torch._guards import detect_fake_mode
 
         from tpflare.passes.latent_gather import rewrite
@@ -370,7 +372,6 @@ class LatentGatherCompiler:
         fake_mode = detect_fake_mode(list(example_inputs))
         index = {p: i for i, p in enumerate(placeholders)}
         rows_nodes: dict[int, fx.Node] = {}
-        bindings: list[RowBinding] = []
         new_fakes: list[Any] = []
         last = placeholders[-1]
         replaced: dict[fx.Node, fx.Node] = {}
@@ -393,7 +394,7 @@ class LatentGatherCompiler:
             done = rewrite(gm.graph, s, rows_nodes[ci], fake_mode, self.settings.latent_gather_channel_rows,
                            replaced)
             rec = {k: v for k, v in info.items() if k not in ("registered", "dtensor")}
-            self.records.append(reporting.record("latent_gather", "rewritten", **rec, **done))
+            reporting.record("latent_gather", "rewritten", **rec, **done)
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
@@ -401,8 +402,7 @@ class LatentGatherCompiler:
         kwargs = dict(kwargs)
         kwargs["static_input_idxs"] = list(kwargs.get("static_input_idxs") or []) + \
             list(range(n0, n0 + len(new_fakes)))
-        self._bindings = bindings
-        return gm, list(example_inputs) + new_fakes, kwargs
+        return list(example_inputs) + new_fakes, kwargs
 
     def _rows(self, s, ci: int, info: dict) -> tuple[torch.Tensor, str, int]:
         col, owner, name = self._flat[ci]

@@ -259,22 +259,26 @@ def test_in_out_weights_rewritten_and_unreplicated_rows_skipped(world):
         assert r["row_shards"] == ["L['w_io']"], r["row_shards"]        # nothing built for skipped sites
 
 
-# --- dynamic row counts ----------------------------------------------------------------------------
-def _dynamic(rank, world):
-    tpflare = _setup()
+def _plain_site(rank, world, seed):
+    """``dist.all_reduce(F.linear(x[..., K-slice], w_col))`` and this rank's column shard of a seeded weight."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    k, n = _dims(world)
-    ks = k // world
-    w, _ = _full(world, 4)
-    c = w[:, rank * ks:(rank + 1) * ks].contiguous()
+    ks = _dims(world)[0] // world
+    w, _ = _full(world, seed)
 
     def f(x, c):
         y = F.linear(x[..., rank * ks:(rank + 1) * ks], c)
         dist.all_reduce(y)
         return y
 
+    return f, w[:, rank * ks:(rank + 1) * ks].contiguous(), w
+
+
+# --- dynamic row counts ----------------------------------------------------------------------------
+def _dynamic(rank, world):
+    tpflare = _setup()
+    f, c, w = _plain_site(rank, world, 4)
     x64, x100, x4 = _x(world, 64, 1), _x(world, 100, 2), _x(world, 4, 3)
     out = {}
     with tpflare.config.patch(latent_gather=True):
@@ -313,24 +317,13 @@ def _cache_and_own_backend(rank, world, cache_dir):
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     import torch._inductor.config as ic
-    import torch.distributed as dist
-    import torch.nn.functional as F
     from torch._dynamo.utils import counters
     from torch._inductor.compile_fx import compile_fx_inner
 
     import tpflare
 
     ic.fx_graph_cache = True
-    k, n = _dims(world)
-    ks = k // world
-    w, _ = _full(world, 5)
-    c = w[:, rank * ks:(rank + 1) * ks].contiguous()
-
-    def f(x, c):
-        y = F.linear(x[..., rank * ks:(rank + 1) * ks], c)
-        dist.all_reduce(y)
-        return y
-
+    f, c, _ = _plain_site(rank, world, 5)
     x = _x(world)
     out = {"records": [], "hits": []}
     with tpflare.config.patch(latent_gather=True):
