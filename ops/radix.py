@@ -199,16 +199,6 @@ def _decode_runs_kernel(key_ptr, pos_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_
     tl.store(osc_ptr + row * s_os + dest, out_sc, mask=mk)
 
 
-def next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def rank_tile(q: int, kb: int, n_sm: int) -> tuple[int, int]:
-    """(rows, cols) of the rank kernel's tile of key comparisons for Q rows of KB winners."""
-    rows = min(256, max(16, next_pow2(-(-q * kb // (8 * n_sm)))), kb)
-    return rows, max(16, min(kb, 8192 // rows))
-
-
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:
     """One allocation: W keys (int64 ``[Q, KB]``), W score bits, W positions (int32), the winner
     count a row, then ``extra`` int32 a row for the caller (the staged path's in-play list)."""
@@ -228,7 +218,7 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     ``Q k^2``) or ``"sort"`` (``torch.sort`` of the keys, then a decode that puts runs of equal
     keys in position order). The producers fill W's empty slots with key -1.
     """
-    from .select_staged import RANK_MAX_ROWS
+    from .select_staged import RANK_MAX_ROWS, rank_tile
 
     q = out_ids.shape[0]
     if order is None:

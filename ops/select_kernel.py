@@ -104,10 +104,6 @@ def supports(n: int, k: int) -> bool:
     return 0 <= n <= MAX_CANDIDATES and 1 <= k <= MAX_K
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
 def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     """The staged path (a row over many programs) or the one-program-a-row kernel.
 
@@ -137,7 +133,7 @@ def _row_config(n: int, num_warps=None, chunk=None, resident=None):
     """
     if resident is None:
         resident = n <= RESIDENT_MAX
-    block = (4096 if n <= 4096 else RESIDENT_MAX) if resident else max(16, _next_pow2(n))
+    block = (4096 if n <= 4096 else RESIDENT_MAX) if resident else max(16, select_staged.next_pow2(n))
     if num_warps is None:
         num_warps = max(4, min(16, block // 1024)) if resident else 16
     if chunk is None:
@@ -274,13 +270,14 @@ if _HAVE_TRITON:
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     """What a call with ``Q`` rows of ``n`` candidates compiles: (path, tile class). Two calls
     with one plan share every compiled kernel (the shapes themselves are runtime values)."""
-    kb = max(2, _next_pow2(k))
+    kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "sort"
+    tile = select_staged.rank_tile(q, kb, n_sm) if order == "rank" else ()
     if path == "staged":
-        return (path, kb, order) + select_staged.plan(q, n, kb, n_sm)
+        return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm)
     block, nw, chunk, resident = _row_config(n)
-    return (path, kb, order, block, nw, chunk, resident)
+    return (path, kb, order) + tile + (block, nw, chunk, resident)
 
 
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
@@ -337,7 +334,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         scores = scores.contiguous()
     if ids.stride(1) != 1:
         ids = ids.contiguous()
-    kb = max(2, _next_pow2(k))
+    kb = max(2, select_staged.next_pow2(k))
     if path == "staged":
         return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, order=order, **dict(staged or {}))
     block, nw, chunk, resident = _row_config(n, num_warps, chunk, resident)

@@ -9,9 +9,9 @@ run one after another in that program. Here short kernels each spread a row over
 
 1. **histogram** ``grid (Q, S)``: every program reads ``CA`` candidates of a row and adds the
    top ``HB`` = 12 bits of their score keys (sign, exponent, 3 mantissa bits) to the row's
-   global histogram (``atomic_add``, 4096 bins; valid candidates only). With ``AGG`` a program
-   first sorts its bins and adds one count a distinct bin (hot bins: one atomic a program
-   instead of one a candidate).
+   global histogram (``atomic_add``, 4096 bins; valid candidates only). (Sorting a program's bins
+   first and adding one count a distinct bin measured slower on an H200 at 64 rows and more:
+   docs/benchmarks_select_kernel.md.)
 2. **compact** ``grid (Q, S)``: every program scans the row's histogram (the same scan in
    every program, no communication) for the cutoff bin ``d*``. Candidates above it are
    winners: they go to the row's winner list ``W`` (slots from one ``atomic_add`` a program
@@ -20,7 +20,7 @@ run one after another in that program. Here short kernels each spread a row over
 3. **finish** ``grid (Q,)``: one program a row picks the still-needed winners among the ``m``
    candidates of ``P`` (random scores: a few hundred at 16384 candidates; mass ties: the whole
    tie group). It is a radix select on ``P``, held in registers (tiers of 1024 / 4096, the
-   smaller that holds ``P``) or re-read in chunks beyond, with 8-bit digits, the digits shared
+   smaller that holds ``P``) or re-read in chunks beyond, with 5-bit digits, the digits shared
    by the smallest and the largest key skipped without a pass: on the score key, then, for ties
    at the cutoff score, on ``0x7fffffff - id``, then, for duplicates (equal score key and id),
    on ``0x7fffffff - position`` (so duplicates are taken in position order). Winners are
@@ -61,26 +61,39 @@ _ZS = (1 << HIST_BITS) + 4  # row stride of the zeroed workspace: histogram, win
 RANK_MAX_ROWS = 8  # up to this many rows the rank kernel orders the winners (radix.order_winners)
 FUSE_MAX_ROWS = 3  # up to this many rows the last compact program finishes the row (no finish kernel)
 FIN_TIERS = (1024, 4096)  # in-play candidates the finish holds in registers (the smaller that holds P)
-AGG_DEFAULT = False  # aggregate the histogram per program before the atomics
 
 
-def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, agg=None) -> tuple:
-    """(ca, fuse, agg): the staged path's tile class for Q rows of n candidates.
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def rank_tile(q: int, kb: int, n_sm: int) -> tuple[int, int]:
+    """(rows, cols) of the rank kernel's tile of key comparisons for Q rows of KB winners."""
+    rows = min(256, max(8, next_pow2(-(-q * kb // (8 * n_sm)))), kb)  # H200, 1 row: 8 rows a tile beat 16
+    return rows, max(16, min(kb, 8192 // rows))
+
+
+def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None) -> tuple:
+    """(ca, fuse, fin_warps): the staged path's tile class for Q rows of n candidates.
 
     ``ca``: candidates a program of the histogram and compact kernels, 512 or 4096 (a few
-    programs an SM); ``fuse``: the finish runs in the compact kernel's last program of a row.
+    programs an SM); ``fuse``: the finish runs in the compact kernel's last program of a row;
+    ``fin_warps``: warps of the finish, 16 for rows of more than 32768 candidates (a mass tie
+    puts a quarter of such a row in play: H200, 131072 tied candidates, 0.27 against 0.33 ms
+    with 8 warps), else 8.
     """
     if ca is None:
         ca = 512 if q * n <= (1 << 20) else 4096
-    ca = min(int(ca), max(16, 1 << max(0, (int(n) - 1).bit_length())))
+    ca = min(int(ca), max(16, next_pow2(n)))
     if fuse is None:  # H200: fused 0.025 vs 0.030 ms at 1 row; from 8 rows the separate kernel is faster
         fuse = q <= FUSE_MAX_ROWS
-    return int(ca), bool(fuse), AGG_DEFAULT if agg is None else bool(agg)
+    if fin_warps is None:
+        fin_warps = 16 if n > 32768 else 8
+    return int(ca), bool(fuse), int(fin_warps)
 
 
 if _HAVE_TRITON:
-    from .radix import (_max2, digit, extend, fill_empty, generic_jit, load_chunk, packed_key, pick_digit,
-                        prefix_is, score_key)
+    from .radix import digit, extend, fill_empty, generic_jit, load_chunk, packed_key, pick_digit, prefix_is, score_key
 
     @triton.jit
     def _top_digit(s, HB: tl.constexpr):
@@ -97,22 +110,12 @@ if _HAVE_TRITON:
         return nsel, dstar, above, m
 
     @generic_jit
-    def _hist_kernel(sc_ptr, id_ptr, z_ptr, N, s_sq, s_iq, CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr,
-                     AGG: tl.constexpr):
+    def _hist_kernel(sc_ptr, id_ptr, z_ptr, N, s_sq, s_iq, CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
-        valid = s != -2147483648
-        if AGG:  # one atomic a distinct bin of this program: sort the bins, add each run's length
-            d = tl.sort(tl.where(valid, _top_digit(s, HB), 1 << HB))
-            j = tl.arange(0, CA)
-            last = (d != tl.gather(d, tl.minimum(j + 1, CA - 1), 0)) | (j == CA - 1)
-            first = (d != tl.gather(d, tl.maximum(j - 1, 0), 0)) | (j == 0)
-            start = tl.associative_scan(tl.where(first, j, 0), 0, _max2)
-            tl.atomic_add(z_ptr + row * ZS + d, j - start + 1, mask=last & (d < (1 << HB)), sem="relaxed")
-        else:
-            ones = tl.full([CA], 1, tl.int32)
-            tl.atomic_add(z_ptr + row * ZS + _top_digit(s, HB), ones, mask=valid, sem="relaxed")
+        ones = tl.full([CA], 1, tl.int32)
+        tl.atomic_add(z_ptr + row * ZS + _top_digit(s, HB), ones, mask=s != -2147483648, sem="relaxed")
 
     @generic_jit
     def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
@@ -152,8 +155,9 @@ if _HAVE_TRITON:
             tl.debug_barrier()
             ticket = tl.atomic_add(z_row + (1 << HB) + 2, 1, sem="acq_rel", scope="gpu")
             if ticket == tl.num_programs(1) - 1:
-                _finish_row(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, K, s_sq, s_iq,
-                            HB, ZS, KB, D, CH, FR1, FR2)
+                # the cutoff scan above holds for the whole row: the finish reuses it
+                _finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
+                            nsel, above, m, KB, D, CH, FR1, FR2)
 
     @triton.jit
     def _load_play(p_row, sc_row, id_row, j, m):
@@ -262,11 +266,10 @@ if _HAVE_TRITON:
                 base = _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB)
 
     @triton.jit
-    def _finish_row(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, K, s_sq, s_iq,
-                    HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                    FR1: tl.constexpr, FR2: tl.constexpr):
-        # one program: pick the winners still needed among the row's in-play list P
-        nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
+    def _finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+                    KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr):
+        # one program: pick the winners still needed among the row's in-play list P (nsel winners,
+        # above of them above the cutoff bin, m candidates in it: the row's cutoff scan)
         tl.store(cnt_ptr + row, nsel)
         need = nsel - above
         sc_row = sc_ptr + row * s_sq
@@ -289,19 +292,21 @@ if _HAVE_TRITON:
     def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
                        HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
                        FR1: tl.constexpr, FR2: tl.constexpr):
-        _finish_row(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, tl.program_id(0).to(tl.int64),
-                    N, K, s_sq, s_iq, HB, ZS, KB, D, CH, FR1, FR2)
+        row = tl.program_id(0).to(tl.int64)
+        nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
+        _finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+                    KB, D, CH, FR1, FR2)
 
 
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
                   n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
-                  order=None, fuse=None, agg=None, radix_bits: int = 8):
+                  order=None, fuse=None, radix_bits: int = 5):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
     ``scores`` and int32 ``ids`` ``[Q, N]`` with unit stride along N, ``Q >= 1``. Tuning
-    options (defaults: ``plan``): ``ca``, ``fuse``, ``agg``; the finish's ``fin_chunk``
+    options (defaults: ``plan``): ``ca``, ``fuse``; the finish's ``fin_chunk``
     (candidates of ``P`` a step), ``fin_warps``, ``fin_resident`` (its largest register tier),
     ``radix_bits``; ``order`` and ``rank_rows``: ``radix.order_winners``.
     """
@@ -312,24 +317,23 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
         out_ids.fill_(-1)
         out_sc.fill_(float("-inf"))
         return out_ids, out_sc
-    kb = max(2, 1 << max(0, (k - 1).bit_length()))
+    kb = max(2, next_pow2(k))
     if not 2 <= int(radix_bits) <= 8:
         raise ValueError(f"radix_bits must be in 2..8, got {radix_bits}")
     fr2 = FIN_TIERS[1] if fin_resident is None else int(fin_resident)
     if fr2 < 16 or fr2 & (fr2 - 1):
         raise ValueError(f"fin_resident must be a power of two >= 16, got {fr2}")
     fr1 = min(FIN_TIERS[0], fr2)
-    ca, fuse, agg = plan(q, n, kb, n_sm, ca, fuse, agg)
+    ca, fuse, fw = plan(q, n, kb, n_sm, ca, fuse, fin_warps)
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)
-    fw = 8 if fin_warps is None else int(fin_warps)
     dev = scores.device
     z = torch.zeros((q, _ZS), dtype=torch.int32, device=dev)
     wk, wv, wo, cnt, pl = winner_workspace(q, kb, n, dev)
     grid_a = (q, -(-n // ca))
     fin = dict(HB=HIST_BITS, ZS=_ZS, KB=kb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2)
     _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=_ZS,
-                         AGG=agg, num_warps=nw_a)
+                         num_warps=nw_a)
     _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
                             CA=ca, FUSED=fuse, num_warps=fw if fuse else nw_a, **fin)
     if not fuse:

@@ -139,8 +139,8 @@ def _make_case(kind, q, n, k, seed, device):
         # duplicate (id, score) pairs straddling the cutoff, plus ties
         scores = torch.randint(0, 3, (q, n), generator=g).float()
         half = n // 2
-        ids[:, half:] = ids[:, : n - half]
-        scores[:, half:] = scores[:, : n - half]
+        ids[:, half:] = ids[:, : n - half].clone()
+        scores[:, half:] = scores[:, : n - half].clone()
     elif kind == "nandups":
         # most scores NaN with assorted payloads, and every id twice: equal keys (same id, both
         # NaN) whose score bits differ, so only the position order tells them apart
@@ -149,7 +149,7 @@ def _make_case(kind, q, n, k, seed, device):
         pick = torch.randint(0, len(nan_bits), (q, n), generator=g)
         scores = torch.where(torch.rand(q, n, generator=g) < 0.8, nan_bits[pick], scores)
         half = n // 2
-        ids[:, half:] = ids[:, : n - half]
+        ids[:, half:] = ids[:, : n - half].clone()
     else:
         raise ValueError(kind)
     return scores.contiguous(), ids.contiguous()
@@ -202,11 +202,10 @@ def test_small_against_python(kind, n, k, variant):
 # the staged path with tiny tiles: many programs a row, the finish over chunks of the in-play
 # list (more than its registers hold), several rank tiles, 3- and 5-bit digits in the finish
 # passes, both orderings, the finish fused into the compact kernel (last program) or not
-# (and the histogram aggregated per program before its atomics, or not)
 STAGED_TILES = [(dict(ca=64, fin_chunk=32, fin_warps=1, fin_resident=64, rank_rows=16), None),
-                (dict(ca=512, fin_chunk=64, fin_resident=256, radix_bits=5, agg=True), "sort"),
-                (dict(fin_chunk=128, radix_bits=3, fuse=False, agg=False), None),
-                (dict(ca=64, fuse=False, fin_resident=1024, agg=True), "sort")]
+                (dict(ca=512, fin_chunk=64, fin_resident=256, radix_bits=5), "sort"),
+                (dict(fin_chunk=128, radix_bits=3, fuse=False), None),
+                (dict(ca=64, fuse=False, fin_resident=1024), "sort")]
 
 
 @pytest.mark.parametrize("tiles", range(len(STAGED_TILES)))
