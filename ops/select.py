@@ -271,13 +271,21 @@ select = _replicated_op(
 
 
 def select_topk(scores: Tensor, ids: Tensor, k: int, group: Any = None,
-                with_scores: bool = False, select_kernel: str = "torch"):
+                with_scores: bool = False, select_kernel: Optional[str] = None):
     """Global top-``k`` ids ``[Q, k]`` int32 on every rank (``(ids, scores)`` if ``with_scores``).
 
     ``group``: a ProcessGroup, a group name, or None for the default group. ``select_kernel``: the
-    ordered-selection kernel of an eager call (``torch``/``triton``/``auto``); under
-    ``torch.compile(backend="tpflare")`` the binding sets it from ``TPFLARE_SELECT_KERNEL``.
+    ordered-selection kernel (``torch``/``triton``/``auto``); None: in an eager call the knob
+    ``TPFLARE_SELECT_KERNEL``; under ``torch.compile(backend="tpflare")`` the binding replaces it
+    with the kernel resolved for the site at preparation (the graph then reads no knob).
     """
+    if select_kernel is None:
+        if torch.compiler.is_compiling():
+            select_kernel = "torch"  # a placeholder the binding replaces
+        else:
+            from tpflare.config import config
+
+            select_kernel = config.select_kernel
     out_ids, out_scores = torch.ops.tpflare.select(scores, ids, k, group_name_of(group),
                                                    with_scores, select_kernel)
     return (out_ids, out_scores) if with_scores else out_ids

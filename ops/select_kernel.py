@@ -145,7 +145,7 @@ def _row_config(n: int, num_warps=None, chunk=None, resident=None):
 
 
 if _HAVE_TRITON:
-    from .radix import (digit, extend, fill_empty, generic_jit, key_id, load_chunk, order_winners, packed_key,
+    from .radix import (digit, extend, fill_empty, generic_jit, load_chunk, order_winners, packed_key,
                         pick_digit, prefix_is, score_key, winner_workspace)
 
     @triton.jit

@@ -66,3 +66,34 @@ def test_dynamic_site_binds_the_knob_value(fake_cuda_group):
     (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "tpflare" in str(n.target)]
     assert node.target == torch.ops.tpflare.select_replicated.default
     assert node.args[4:] == (True, "auto")
+
+
+def _eager_kernel_argument(rank, world):
+    import tpflare
+    from tpflare.ops import select as sel
+
+    seen = []
+    real = sel.ordered_select
+
+    def spy(scores, ids, k, *, kernel):
+        seen.append(kernel)
+        return real(scores, ids, k, kernel=kernel)
+
+    sel.ordered_select = spy
+    s, i = torch.randn(2, 8), torch.arange(16, dtype=torch.int32).view(2, 8)
+    with tpflare.config.patch(select_kernel="triton"):
+        a = tpflare.select_topk(s, i, 3)                              # eager: the knob
+    b = tpflare.select_topk(s, i, 3, select_kernel="auto")            # explicit
+    torch.library.opcheck(torch.ops.tpflare.select_replicated, (s, i, 3, "0", True, "triton"))
+    torch.library.opcheck(torch.ops.tpflare.select_owner, (s, i, 3, "0", True, "bf16", "auto"))
+    with pytest.raises(ValueError, match="kernel='fast'"):
+        torch.ops.tpflare.select_replicated(s, i, 3, "0", True, "fast")
+    return seen[:2], torch.equal(a, b)
+
+
+@pytest.mark.multiproc
+def test_eager_select_topk_passes_the_knob_or_the_argument():
+    from tpflare.testing import run_ranks
+
+    ((seen, same),) = run_ranks(_eager_kernel_argument, 1)
+    assert seen == ["triton", "auto"] and same  # CPU tensors: both run the torch path
