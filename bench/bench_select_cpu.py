@@ -38,10 +38,13 @@ def bytes_received_per_rank(comp: str, q: int, c: int, k: int, world: int) -> in
 
 
 def _call(comp: str, s, i, k: int, g: str):
+    import tpflare  # the ops take the kernel as an argument: TPFLARE_SELECT_KERNEL read here, as preparation does
+
     ops = torch.ops.tpflare
+    kernel = tpflare.config.select_kernel
     if comp == "replicated":
-        return ops.select_replicated(s, i, k, g, False)[0]
-    return ops.select_owner(s, i, k, g, False, comp.split("/")[1])[0]
+        return ops.select_replicated(s, i, k, g, False, kernel)[0]
+    return ops.select_owner(s, i, k, g, False, comp.split("/")[1], kernel)[0]
 
 
 def _bench_rank(rank, world, qs, c, k, warmup, iters, backend="gloo", graph=False):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import inspect
 import types
 from typing import Any, Mapping, Sequence
@@ -125,6 +126,35 @@ def _source_bytes(obj: Any) -> bytes:
             f"function that implements it, or a string identity") from None
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
     return name.encode() + b"\n" + src.encode()
+
+
+# Every module whose code a selection composition runs (transport, ordering, both Triton paths
+# and their shared helpers), by import name. ``selection_code`` hashes their files without
+# importing them (``radix`` needs Triton). tests/test_select_identity.py walks the imports of
+# these modules and fails if one they reach is missing here.
+SELECTION_MODULES = (
+    "tpflare.ops.select",
+    "tpflare.ops.ordering",
+    "tpflare.ops.select_kernel",
+    "tpflare.ops.select_staged",
+    "tpflare.ops.radix",
+    "tpflare.distributed",
+    "tpflare.errors",
+)
+
+
+def module_source(name: str) -> bytes:
+    """The source file of module ``name`` (found, not imported)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise TypeError(f"module_source: no Python source for {name}")
+    with open(spec.origin, "rb") as f:
+        return f.read()
+
+
+def selection_code(modules: Sequence[str] = SELECTION_MODULES) -> tuple[bytes, ...]:
+    """Identities (name and source) of the selection modules, for ``code_identity``."""
+    return tuple(name.encode() + b"\n" + module_source(name) for name in modules)
 
 
 def code_identity(*objs: Any) -> str:

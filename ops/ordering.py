@@ -32,15 +32,16 @@ Valid keys are non-negative and distinct for distinct valid ids, so a sorted
 ``torch.topk`` on them is deterministic; its indices gather the original bits.
 No ``.item()``, no data-dependent shape: CUDA graphs can capture it.
 
-On CUDA, ``tpflare.config.select_kernel`` (``auto``/``triton``) routes to
-``ops/select_kernel.py``'s ``triton_ordered_select`` when it imports and reports
-``available()``; it must honour exactly this contract.
+On CUDA, ``kernel="triton"`` / ``"auto"`` (the selection ops' argument, resolved at
+preparation from ``TPFLARE_SELECT_KERNEL`` by ``resolve_kernel``) routes to
+``ops/select_kernel.py``'s ``triton_ordered_select`` when it imports, reports
+``available()`` and supports the shape; it must honour exactly this contract.
 """
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -108,6 +109,9 @@ def torch_ordered_select(scores: Tensor, ids: Tensor, k: int) -> tuple[Tensor, T
     return out_ids, out_scores
 
 
+KERNELS = ("torch", "triton", "auto")
+
+
 @functools.lru_cache(maxsize=1)
 def _triton_impl() -> Optional[tuple[Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]],
                                      Callable[[int, int], bool]]]:
@@ -121,42 +125,61 @@ def _triton_impl() -> Optional[tuple[Callable[[Tensor, Tensor, int], tuple[Tenso
     if not available():
         log.debug("tpflare.ops.select_kernel reports unavailable: torch ordered selection")
         return None
-    return triton_ordered_select, getattr(select_kernel, "supports", lambda n, k: True)
+    return triton_ordered_select, select_kernel.supports
 
 
-def _kernel_choice(kernel: Optional[str]) -> str:
-    if kernel is None:
-        from tpflare.config import config
-
-        kernel = config.select_kernel
-    if kernel not in ("auto", "torch", "triton"):
-        raise ValueError(f"ordered_select: kernel={kernel!r}: expected auto, torch or triton")
-    return kernel
+def _check_kernel(kernel: str, where: str) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"{where}: kernel={kernel!r}: expected one of {', '.join(KERNELS)}")
 
 
-def ordered_select(scores: Tensor, ids: Tensor, k: int, *,
-                   kernel: Optional[str] = None) -> tuple[Tensor, Tensor]:
+def resolve_kernel(choice: str, device: Any, n: int, k: int) -> str:
+    """The kernel (``"torch"`` or ``"triton"``) that a selection of ``k`` out of rows of ``n``
+    candidates on ``device`` gets under the knob value ``choice`` (``TPFLARE_SELECT_KERNEL``).
+
+    Called at preparation; the result travels as the selection ops' ``kernel`` argument, so a
+    compiled graph keeps the kernel it was prepared (and raced) with. ``auto``: Triton where it
+    runs (CUDA, Triton importable) and supports the shape; CPU and rows beyond the kernel's
+    limits: torch. ``triton``: the same, but an error where Triton cannot run at all.
+    """
+    _check_kernel(choice, "resolve_kernel")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if choice == "torch" or dev.type != "cuda":
+        return "torch"
+    impl = _triton_impl()
+    if impl is None:
+        if choice == "triton":
+            raise RuntimeError("TPFLARE_SELECT_KERNEL=triton but the Triton selection kernel "
+                               "(tpflare.ops.select_kernel) is not importable or not available; "
+                               "use 'auto' or 'torch'")
+        return "torch"
+    if not impl[1](int(n), int(k)):
+        log.info("tpflare: ordered selection of k=%d out of %d candidates a row is beyond the Triton "
+                 "kernel's limits: torch path", k, n)
+        return "torch"
+    return "triton"
+
+
+def ordered_select(scores: Tensor, ids: Tensor, k: int, *, kernel: str = "torch") -> tuple[Tensor, Tensor]:
     """Top ``k`` candidates of every row under the Order rule: ``(ids [Q,k] int32, scores [Q,k] fp32)``.
 
-    ``kernel`` overrides ``tpflare.config.select_kernel`` (``auto``/``torch``/``triton``);
-    it only matters on CUDA (CPU always uses torch).
+    ``kernel`` (a value decided at preparation, see ``resolve_kernel``; nothing global is read
+    here): ``torch``; ``triton``, the Triton kernels where the row length is within their
+    limits (else torch); ``auto``, the same where Triton can run at all (else torch). It only
+    matters on CUDA (CPU always uses torch).
     """
     check_candidates(scores, ids, k, "ordered_select")
+    _check_kernel(kernel, "ordered_select")
     scores, ids = scores.contiguous(), ids.contiguous()
-    if scores.is_cuda:
-        choice = _kernel_choice(kernel)
-        if choice != "torch":
-            impl = _triton_impl()
-            if impl is not None and impl[1](scores.shape[1], k):
-                return impl[0](scores, ids, k)
-            if choice == "triton":
-                why = ("is not importable or not available" if impl is None else
-                       f"does not support N={scores.shape[1]} candidates a row with k={k}")
-                raise RuntimeError(
-                    f"ordered_select: TPFLARE_SELECT_KERNEL=triton but the Triton selection "
-                    f"kernel (tpflare.ops.select_kernel) {why}; use 'auto' or 'torch'")
+    if scores.is_cuda and kernel != "torch":
+        impl = _triton_impl()
+        if impl is None and kernel == "triton":
+            raise RuntimeError("ordered_select: kernel='triton' but the Triton selection kernel "
+                               "(tpflare.ops.select_kernel) is not importable or not available")
+        if impl is not None and impl[1](scores.shape[1], k):
+            return impl[0](scores, ids, k)
     return torch_ordered_select(scores, ids, k)
 
 
-__all__ = ["ordered_select", "torch_ordered_select", "order_keys", "check_candidates",
-           "PAD_ID", "PAD_SCORE"]
+__all__ = ["ordered_select", "torch_ordered_select", "resolve_kernel", "order_keys", "check_candidates",
+           "KERNELS", "PAD_ID", "PAD_SCORE"]

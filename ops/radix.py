@@ -1,16 +1,36 @@
-"""Triton helpers shared by the selection kernels: the score key and radix-select digits.
+"""Triton helpers shared by the selection kernels: the score key, radix-select digits, and the
+final ordering of the winners that both paths produce.
 
 Keys are int32 whose *signed* order is the selection order. A digit ``p`` of width ``D``
 (most significant first; the last digit takes what is left of the 32 bits) is handed out as
 an unsigned bin number: the sign bit is flipped in digit 0 so negative keys sort below
 positive ones. A prefix ``t`` holds the raw bits of the digits found so far.
 
+The digit position ``p`` is a *runtime* value (the radix passes are loops, not unrolled): one
+copy of a pass's code serves every digit, which keeps compile time to a second or two.
+
+Both paths leave the row's winners unordered in a workspace ``W`` (``[Q, KB]`` packed keys,
+score bits and positions, plus the winner count a row); ``order_winners`` orders them.
+
 Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).
 """
 from __future__ import annotations
 
+import inspect
+
+import torch
 import triton
 import triton.language as tl
+
+# the integer arguments of every kernel that Triton must not specialise (a value divisible by
+# 16 or equal to 1 would otherwise compile another copy of the kernel for each new shape)
+RUNTIME_INTS = ("N", "K", "s_sq", "s_iq", "s_oi", "s_os")
+
+
+def generic_jit(fn):
+    """``triton.jit`` with the shape arguments (``RUNTIME_INTS``) as plain runtime values."""
+    names = inspect.signature(fn).parameters
+    return triton.jit(fn, do_not_specialize=[n for n in RUNTIME_INTS if n in names])
 
 
 @triton.jit
@@ -28,6 +48,7 @@ def pick_digit(h, rem, NB: tl.constexpr):
     # h: histogram of one digit over the candidates still in play; rem: how many of
     # them are wanted (largest digits first). Returns the digit d holding the rem-th
     # largest, how many are above d, and how many have digit d (one scan, one max).
+    # Counts must stay below 2**20 (rows of at most 131072 candidates do).
     suf = tl.cumsum(h, 0, reverse=True)  # candidates with digit >= d
     bins = tl.arange(0, NB).to(tl.int64)
     packed = tl.where(suf >= rem, (bins << 40) | ((suf - h).to(tl.int64) << 20) | h.to(tl.int64), 0)
@@ -39,35 +60,33 @@ def pick_digit(h, rem, NB: tl.constexpr):
 
 
 @triton.jit
-def digit(s, p: tl.constexpr, D: tl.constexpr):
-    # p-th digit (most significant first) of an int32 key, as an unsigned number: digits
-    # are D bits wide, the last one takes what is left of the 32 bits
-    if D * (p + 1) <= 32:
-        d = (s >> (32 - D * (p + 1))) & ((1 << D) - 1)
-        if p == 0:
-            d = d ^ (1 << (D - 1))  # the sign bit: negative keys below positive ones
-    else:
-        d = s & ((1 << (32 - D * p)) - 1)
-    return d
+def _low(p, D: tl.constexpr):
+    # (shift, width) of digit p: the bits below it, and its own width (the last digit of a
+    # width that does not divide 32 is narrower)
+    sh = tl.maximum(32 - D * (p + 1), 0)
+    return sh, 32 - D * p - sh
 
 
 @triton.jit
-def prefix_is(s, t, p: tl.constexpr, D: tl.constexpr):
-    # do the digits above digit p of key s equal the prefix t (raw bits)?
-    return ((s >> (32 - D * p)) & ((1 << (D * p)) - 1)) == t
+def digit(s, p, D: tl.constexpr):
+    # p-th digit (most significant first, p a runtime value) of an int32 key, as an unsigned
+    # number; digit 0 has its top bit (the sign) flipped: negative keys below positive ones
+    sh, w = _low(p, D)
+    d = (s >> sh) & ((1 << w) - 1)
+    return tl.where(p == 0, d ^ (1 << (D - 1)), d)
 
 
 @triton.jit
-def extend(t, dd, p: tl.constexpr, D: tl.constexpr):
+def prefix_is(s, t, p, D: tl.constexpr):
+    # do the digits above digit p of key s equal the prefix t (raw bits)? (p = 0: always; t = 0)
+    return ((s >> tl.minimum(32 - D * p, 31)) & ((1 << (D * p)) - 1)) == t
+
+
+@triton.jit
+def extend(t, dd, p, D: tl.constexpr):
     # the prefix t (raw bits) followed by digit dd
-    if p == 0:
-        t = dd ^ (1 << (D - 1))
-    else:
-        if D * (p + 1) <= 32:
-            t = (t << D) | dd
-        else:
-            t = (t << (32 - D * p)) | dd
-    return t
+    sh, w = _low(p, D)
+    return tl.where(p == 0, dd ^ (1 << (D - 1)), (t << w) | dd)
 
 
 @triton.jit
@@ -91,3 +110,130 @@ def packed_key(s, v):
 def key_id(key):
     # the id a packed key holds
     return 2147483647 - (key & 0x7FFFFFFF)
+
+
+@triton.jit
+def fill_empty(wk_row, nsel, KB: tl.constexpr):
+    # the workspace slots past the row's nsel winners get key -1 (they sort last)
+    jk = tl.arange(0, KB)
+    tl.store(wk_row + jk, tl.full([KB], -1, tl.int64), mask=jk >= nsel)
+
+
+# --------------------------------------------------------------------------- ordering
+@generic_jit
+def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
+                 KB: tl.constexpr, SL: tl.constexpr, JB: tl.constexpr):
+    # grid (Q, KB / SL): every program takes SL winners and counts, for each, the winners
+    # before it (a larger packed key, or an equal key at an earlier position): its output slot
+    row = tl.program_id(0).to(tl.int64)
+    nsel = tl.load(cnt_ptr + row)
+    j = tl.program_id(1) * SL + tl.arange(0, SL)
+    live = j < nsel
+    wk_row = wk_ptr + row * KB
+    wo_row = wo_ptr + row * KB
+    key = tl.load(wk_row + j, mask=live, other=-1)
+    o = tl.load(wo_row + j, mask=live, other=0)
+    val = tl.load(wv_ptr + row * KB + j, mask=live, other=-8388608)
+    acc = tl.zeros([SL, JB], dtype=tl.int32)  # one reduction at the end, not one a step
+    if tl.program_id(1) * SL < nsel:
+        for j0 in range(0, nsel, JB):
+            jj = j0 + tl.arange(0, JB)
+            mm = jj < nsel
+            kj = tl.load(wk_row + jj, mask=mm, other=-1)
+            oj = tl.load(wo_row + jj, mask=mm, other=0)
+            before = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None]) & (oj[None, :] < o[:, None]))
+            acc += (before & mm[None, :]).to(tl.int32)
+    rank = tl.sum(acc, 1)
+    pos = tl.where(live, rank, j)  # winners to their rank; the slots past them get pads
+    out_id = tl.where(live, key_id(key), -1).to(tl.int32)
+    out_sc = tl.where(live, val, -8388608).to(tl.float32, bitcast=True)
+    mk = pos < K
+    tl.store(oid_ptr + row * s_oi + pos, out_id, mask=mk)
+    tl.store(osc_ptr + row * s_os + pos, out_sc, mask=mk)
+
+
+@triton.jit
+def _max2(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min2(a, b):
+    return tl.minimum(a, b)
+
+
+@generic_jit
+def _decode_runs_kernel(key_ptr, pos_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
+                        KB: tl.constexpr):
+    # winner keys sorted descending (torch.sort, any tie order) with their W slots: ids from
+    # the key, score bits from the slot. Equal keys (duplicates: same score key and id; only
+    # NaN payloads can tell them apart) form runs; each run is put in position order.
+    row = tl.program_id(0).to(tl.int64)
+    nsel = tl.load(cnt_ptr + row)
+    j = tl.arange(0, KB)
+    live = j < nsel
+    k_row = key_ptr + row * KB
+    p_row = pos_ptr + row * KB
+    key = tl.load(k_row + j)
+    slot = tl.load(p_row + j, mask=live, other=0)
+    val = tl.load(wv_ptr + row * KB + slot, mask=live, other=-8388608)
+    prev = tl.load(k_row + j - 1, mask=j > 0, other=-2)
+    nxt = tl.load(k_row + j + 1, mask=j < KB - 1, other=-2)
+    a = tl.associative_scan(tl.where(key != prev, j, 0), 0, _max2)  # run start
+    e = tl.associative_scan(tl.where(key != nxt, j, KB), 0, _min2, reverse=True)  # run end (incl.)
+    dest = j
+    longest = tl.max(tl.where(live, e - a + 1, 1), 0)
+    if longest > 1:
+        o = tl.load(wo_ptr + row * KB + slot, mask=live, other=0)
+        r = tl.zeros([KB], dtype=tl.int32)
+        for t in range(0, longest):
+            i = a + t
+            mi = live & (i <= e)
+            oi = tl.load(wo_ptr + row * KB + tl.load(p_row + i, mask=mi, other=0), mask=mi, other=0)
+            r += (mi & (oi < o)).to(tl.int32)
+        dest = tl.where(live, a + r, j)  # the empty slots past the winners stay pads
+    out_id = tl.where(live, key_id(key), -1).to(tl.int32)
+    out_sc = tl.where(live, val, -8388608).to(tl.float32, bitcast=True)
+    mk = dest < K
+    tl.store(oid_ptr + row * s_oi + dest, out_id, mask=mk)
+    tl.store(osc_ptr + row * s_os + dest, out_sc, mask=mk)
+
+
+def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:
+    """One allocation: W keys (int64 ``[Q, KB]``), W score bits, W positions (int32), the winner
+    count a row, then ``extra`` int32 a row for the caller (the staged path's in-play list)."""
+    ws = torch.empty((q * (kb * 4 + 1 + extra),), dtype=torch.int32, device=device)
+    wk = ws[: q * kb * 2].view(torch.int64)
+    wv = ws[q * kb * 2: q * kb * 3]
+    wo = ws[q * kb * 3: q * kb * 4]
+    cnt = ws[q * kb * 4: q * (kb * 4 + 1)]
+    return wk, wv, wo, cnt, ws[q * (kb * 4 + 1):]
+
+
+def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, order: str | None = None,
+                  rank_rows: int | None = None):
+    """Write the ordered winners of W to ``out_ids``/``out_sc`` ``[Q, k]``, pads past them.
+
+    ``order``: ``"rank"`` (rank kernel; default up to ``RANK_MAX_ROWS`` rows: its work grows as
+    ``Q k^2``) or ``"sort"`` (``torch.sort`` of the keys, then a decode that puts runs of equal
+    keys in position order). The producers fill W's empty slots with key -1.
+    """
+    from .select_staged import RANK_MAX_ROWS, rank_tile
+
+    q = out_ids.shape[0]
+    if order is None:
+        order = "rank" if q <= RANK_MAX_ROWS else "sort"
+    if order == "rank":
+        sl, jb = rank_tile(q, kb, n_sm)
+        if rank_rows is not None:
+            sl = min(int(rank_rows), kb)
+            jb = max(16, min(kb, 8192 // sl))
+        _rank_kernel[(q, kb // sl)](wk, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+                                    KB=kb, SL=sl, JB=jb, num_warps=4)
+    elif order == "sort":
+        key, pos = torch.sort(wk.view(q, kb), dim=1, descending=True)
+        _decode_runs_kernel[(q,)](key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+                                  KB=kb, num_warps=max(1, min(8, kb // 256)))
+    else:
+        raise ValueError(f"order must be rank or sort, got {order!r}")
+    return out_ids, out_sc

@@ -9,9 +9,9 @@ slots: id ``-1``, score ``-inf``.
 
 Ops (namespace ``tpflare``; the group is a plain ``str`` group name):
 
-* ``select_replicated(scores, ids, k, group_name, with_scores)``: one all-gather
-  of every rank's ``(score bits, id)`` pairs, then every rank selects every row.
-* ``select_owner(scores, ids, k, group_name, with_scores, id_replication)``:
+* ``select_replicated(scores, ids, k, group_name, with_scores, select_kernel="torch")``: one
+  all-gather of every rank's ``(score bits, id)`` pairs, then every rank selects every row.
+* ``select_owner(scores, ids, k, group_name, with_scores, id_replication, select_kernel="torch")``:
   query rows go to owner ranks in balanced contiguous blocks (the first
   ``Q % W`` ranks own ``ceil(Q/W)`` rows, the rest ``floor(Q/W)``; a rank may own
   none and still takes part); one all-to-all (blocks padded to ``ceil(Q/W)`` rows,
@@ -23,9 +23,14 @@ Ops (namespace ``tpflare``; the group is a plain ``str`` group name):
   ``plan="bf16"``: every int32 as its 4 bytes, each byte an exact BF16 integer
   0..255, in a sum all-reduce where only the owner's rows are non-zero; decoded
   back to the same int32 bits.  Scores travel the same way as int32 bit patterns.
-* ``select(scores, ids, k, group_name, with_scores)``: what model code calls
-  (``select_topk``); eagerly it is ``select_replicated``.  The compile-time
+* ``select(scores, ids, k, group_name, with_scores, select_kernel="torch")``: what model code
+  calls (``select_topk``); eagerly it is ``select_replicated``.  The compile-time
   binding replaces the node with a race winner, whose leading arguments match.
+
+``select_kernel`` is the ordered-selection kernel (``ordering.ordered_select``: ``torch``,
+``triton`` or ``auto``), a decision made at preparation (``ordering.resolve_kernel`` of
+``TPFLARE_SELECT_KERNEL``) and bound into the graph by ``passes/select_binding.py``, like the
+id-replication plan: nothing global is read when the op runs.
 
 Inputs of any strides are accepted (made contiguous internally).  Arguments are
 checked before any collective, from metadata only (no host sync).  What the ops
@@ -44,7 +49,7 @@ from torch import Tensor
 
 from tpflare.distributed import agree, group_name_of, group_rank, group_size, resolve_group
 
-from .ordering import check_candidates, ordered_select
+from .ordering import _check_kernel, check_candidates, ordered_select
 
 log = logging.getLogger("tpflare.select")
 
@@ -154,28 +159,30 @@ def _fake_check(scores: Tensor, ids: Tensor, k: int, group_name: str, op: str) -
 
 # --- replicated composition ------------------------------------------------------------
 def _replicated(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scores: bool,
-                op: str) -> tuple[Tensor, Tensor]:
+                op: str, kernel: str) -> tuple[Tensor, Tensor]:
     world = _world(group_name, op)
     _check_args(scores, ids, k, group_name, op, world)
+    _check_kernel(kernel, f"tpflare.{op}")
     packed = _pack(scores, ids)
     gathered = _all_gather(packed, resolve_group(group_name))
     all_scores, all_ids = _merge_sources(gathered)
-    out_ids, out_scores = ordered_select(all_scores, all_ids, k)
+    out_ids, out_scores = ordered_select(all_scores, all_ids, k, kernel=kernel)
     return out_ids, (out_scores if with_scores else _no_scores(scores))
 
 
 def _replicated_op(name: str, doc: str):
     """Register ``tpflare::<name>`` as the replicated composition (with its fake impl)."""
     def impl(scores: Tensor, ids: Tensor, k: int, group_name: str,
-             with_scores: bool) -> tuple[Tensor, Tensor]:
-        return _replicated(scores, ids, k, group_name, with_scores, name)
+             with_scores: bool, select_kernel: str = "torch") -> tuple[Tensor, Tensor]:
+        return _replicated(scores, ids, k, group_name, with_scores, name, select_kernel)
 
     impl.__doc__ = doc
     op = torch.library.custom_op(f"tpflare::{name}", impl, mutates_args=())
 
     @op.register_fake
-    def _(scores, ids, k, group_name, with_scores):
+    def _(scores, ids, k, group_name, with_scores, select_kernel="torch"):
         _fake_check(scores, ids, k, group_name, name)
+        _check_kernel(select_kernel, f"tpflare.{name}")
         return _fake_outputs(scores, ids, k, with_scores)
 
     return op
@@ -228,18 +235,19 @@ def _(local, q, group_name, plan):
 # --- owner composition --------------------------------------------------------------------
 @torch.library.custom_op("tpflare::select_owner", mutates_args=())
 def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scores: bool,
-                 id_replication: str) -> tuple[Tensor, Tensor]:
+                 id_replication: str, select_kernel: str = "torch") -> tuple[Tensor, Tensor]:
     """All-to-all each row's candidates to its owner; the owner selects; replicate exactly."""
     op = "select_owner"
     world = _world(group_name, op)
     _check_args(scores, ids, k, group_name, op, world)
     _check_plan(id_replication, op, "id_replication")
+    _check_kernel(select_kernel, f"tpflare.{op}")
     q = scores.shape[0]
     send = _to_owner_blocks(_pack(scores, ids), world, fill=-1)  # padding rows: id -1
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send.contiguous(), group=resolve_group(group_name))
     own_scores, own_ids = _merge_sources(recv)
-    sel_ids, sel_scores = ordered_select(own_scores, own_ids, k)
+    sel_ids, sel_scores = ordered_select(own_scores, own_ids, k, kernel=select_kernel)
     if not with_scores:
         return _replicate(sel_ids, q, group_name, id_replication), _no_scores(scores)
     both = _replicate(torch.cat((sel_ids, sel_scores.view(torch.int32)), dim=1), q,
@@ -250,9 +258,10 @@ def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scor
 
 
 @select_owner.register_fake
-def _(scores, ids, k, group_name, with_scores, id_replication):
+def _(scores, ids, k, group_name, with_scores, id_replication, select_kernel="torch"):
     _fake_check(scores, ids, k, group_name, "select_owner")
     _check_plan(id_replication, "select_owner", "id_replication")
+    _check_kernel(select_kernel, "tpflare.select_owner")
     return _fake_outputs(scores, ids, k, with_scores)
 
 
@@ -262,13 +271,23 @@ select = _replicated_op(
 
 
 def select_topk(scores: Tensor, ids: Tensor, k: int, group: Any = None,
-                with_scores: bool = False):
+                with_scores: bool = False, select_kernel: Optional[str] = None):
     """Global top-``k`` ids ``[Q, k]`` int32 on every rank (``(ids, scores)`` if ``with_scores``).
 
-    ``group``: a ProcessGroup, a group name, or None for the default group.
+    ``group``: a ProcessGroup, a group name, or None for the default group. ``select_kernel``: the
+    ordered-selection kernel (``torch``/``triton``/``auto``); None: in an eager call the knob
+    ``TPFLARE_SELECT_KERNEL``; under ``torch.compile(backend="tpflare")`` the binding replaces it
+    with the kernel resolved for the site at preparation (the graph then reads no knob).
     """
+    if select_kernel is None:
+        if torch.compiler.is_compiling():
+            select_kernel = "torch"  # a placeholder the binding replaces
+        else:
+            from tpflare.config import config
+
+            select_kernel = config.select_kernel
     out_ids, out_scores = torch.ops.tpflare.select(scores, ids, k, group_name_of(group),
-                                                   with_scores)
+                                                   with_scores, select_kernel)
     return (out_ids, out_scores) if with_scores else out_ids
 
 

@@ -3,8 +3,10 @@
 Runs in the backend on a copy of Dynamo's graph, before AOTAutograd and Inductor,
 so the bound op is part of the graph Inductor's FX-graph cache keys on: a graph
 compiled under one winner is never served when the cache or knobs now say
-another.  The node keeps its arguments; the owner composition appends its child
-plan (the id replication).  Replay runs no Python decision.
+another.  The node keeps its leading arguments; the composition appends its child
+plans: the owner composition's id replication, and every composition's ordered-selection
+kernel (``TPFLARE_SELECT_KERNEL`` resolved for the site at preparation).  Replay runs no
+Python decision and reads no knob.
 """
 from __future__ import annotations
 
@@ -61,9 +63,15 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
         with_scores = bool(_arg(node, 4, "with_scores", False))
         shape = _static_shape(scores)
         if shape is None or len(shape) != 2 or not isinstance(k, int) or not isinstance(group_name, str):
+            # the row length is not known here: the knob's value goes in ("auto"/"triton": the
+            # Triton kernel where it supports the shape of the call, a per-shape rule, no global read)
+            kernel = settings.select_kernel
             reporting.record("select", "bound", site=site, composition=race.DEFAULT, source="default",
-                             reason="dynamic shape or non-constant k/group: default composition, no race")
+                             reason="dynamic shape or non-constant k/group: default composition, no race",
+                             kernel=kernel)
             node.target = torch.ops.tpflare.select_replicated.default
+            node.args = tuple(node.args[:4]) + (with_scores, kernel)
+            node.kwargs = {}
             continue
         q, c = shape
         sig = (q, c, k, group_name, with_scores)

@@ -133,13 +133,18 @@ KNOBS: tuple[Knob, ...] = (
     Knob("select_id_replication", _choice("auto", "allgather", "bf16"), "auto",
          "Owner composition's id replication child plan: auto = race both; "
          "allgather = int32 all-gather; bf16 = exact BF16 byte encoding in an all-reduce."),
-    Knob("select_kernel", _choice("auto", "torch", "triton"), "torch",
-         "Ordered-selection kernel on CUDA: torch = packed-key torch.topk; triton = "
-         "tpflare's exact Triton kernels (validated on an H200: under CUDA-graph replay "
-         "5.4x faster than the packed-key torch path at 1x16384 candidates, 4.1x at "
-         "1024x16384, faster at every measured shape; opt-in because the first call per "
-         "shape compiles for 10-70 s; see docs/benchmarks_select_kernel.md); "
-         "auto = Triton when available. CPU always uses torch."),
+    Knob("select_kernel", _choice("auto", "torch", "triton"), "auto",
+         "Ordered-selection kernel, decided at preparation and bound into the compiled graph "
+         "(the race times what will run): auto = tpflare's exact Triton kernels on CUDA where "
+         "Triton runs and the row has at most 131072 candidates (k <= 2048), else the torch path; "
+         "torch = packed-key torch.topk; triton = like auto, but an error where Triton cannot run. "
+         "On an H200 under CUDA-graph replay the kernels are 1.96-6.7x faster than the torch path "
+         "with random scores (N 8192-131072, Q 1-4096), slower only with a quarter of the row tied "
+         "at the cutoff at N >= 65536 and Q <= 8 (0.57-0.76x); a new launch plan compiles in "
+         "2.8-5.5 s on its first call with an empty Triton cache (0.5-0.6 s in a later process, "
+         "nothing for a new shape of a compiled plan); tpflare.ops.select_kernel.precompile"
+         "(capacities) compiles a server's plans at preparation; see "
+         "docs/benchmarks_select_kernel.md. CPU always uses torch."),
     Knob("race_warmup", _parse_int, 3, "Race: untimed warm-up runs per composition.", minimum=0),
     Knob("race_iters", _parse_int, 10, "Race: timed runs per composition (median taken).",
          minimum=1),

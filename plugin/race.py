@@ -62,28 +62,33 @@ class Composition:
         return fn(scores, ids, k, group_name, with_scores, *self.extra_args)
 
 
-def compositions(settings: Settings) -> list[Composition]:
-    """The compositions a race considers under the current knobs."""
-    from tpflare.ops import ordering, select
+def compositions(settings: Settings, kernel: str = "torch") -> list[Composition]:
+    """The compositions a race considers under the current knobs.
 
-    code = (select, ordering)
-    try:
-        from tpflare.ops import select_kernel
+    ``kernel``: the ordered-selection kernel they run (``resolve_kernel`` of the site), an op
+    argument of each, so the race times what the bound graph will run."""
+    from tpflare.cache.identity import selection_code
 
-        code = code + (select_kernel,)
-    except ImportError:
-        pass
+    code = selection_code()
     plans = ["allgather", "bf16"] if settings.select_id_replication == "auto" else [settings.select_id_replication]
-    out = [Composition(DEFAULT, "select_replicated", (), code)]
-    out += [Composition(f"owner/{p}", "select_owner", (p,), code) for p in plans]
+    out = [Composition(DEFAULT, "select_replicated", (kernel,), code)]
+    out += [Composition(f"owner/{p}", "select_owner", (p, kernel), code) for p in plans]
     return out
 
 
-def forced(settings: Settings) -> Composition | None:
+def site_kernel(settings: Settings, c: int, k: int, group_name: str, device: torch.device) -> str:
+    """The ordered-selection kernel of a site (``TPFLARE_SELECT_KERNEL`` resolved for its rows of
+    ``W * C`` candidates on ``device``), decided once at preparation."""
+    from tpflare.ops.ordering import resolve_kernel
+
+    return resolve_kernel(settings.select_kernel, device, group_size(group_name) * c, k)
+
+
+def forced(settings: Settings, kernel: str = "torch") -> Composition | None:
     """The composition a knob forces (no race), or None for ``select=auto``."""
     if settings.select == "auto":
         return None
-    comps = {c.name: c for c in compositions(settings)}
+    comps = {c.name: c for c in compositions(settings, kernel)}
     if settings.select == "replicated":
         return comps[DEFAULT]
     plan = "allgather" if settings.select_id_replication == "auto" else settings.select_id_replication
@@ -302,13 +307,14 @@ def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: t
     """The composition every rank binds for this site (collective on the site's group)."""
     from tpflare.cache.store import CompositionCache, make_key, new_entry
 
-    pinned = forced(settings)
+    kernel = site_kernel(settings, c, k, group_name, device)
+    pinned = forced(settings, kernel)
     if pinned is not None:
         d = Decision(pinned, "forced", why=f"TPFLARE_SELECT={settings.select}")
         reporting.record("select", "bound", site=site, composition=pinned.name, source="forced",
-                         reason=d.why, Q=q, C=c, k=k)
+                         reason=d.why, Q=q, C=c, k=k, kernel=kernel)
         return d
-    comps = list(comps) if comps is not None else compositions(settings)
+    comps = list(comps) if comps is not None else compositions(settings, kernel)
     by_name = {cm.name: cm for cm in comps}
     ranks = group_ranks(group_name)
     fields = _site_key(q, c, k, group_name, with_scores, device, comps, settings)
@@ -342,5 +348,5 @@ def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: t
         except Exception as e:
             log.warning("tpflare: composition cache entry not written (%s); the decision stands", e)
     reporting.record("select", "bound", site=site, composition=d.composition.name, source=d.source,
-                     reason=d.why, Q=q, C=c, k=k, timings=d.timings, key=key[:16])
+                     reason=d.why, Q=q, C=c, k=k, kernel=kernel, timings=d.timings, key=key[:16])
     return d

@@ -22,14 +22,13 @@ CASES = (("specials", 3, 64, 100), ("ties", 3, 512, 1024), ("random", 1, 2048, 2
 KERNELS = ("torch", "auto")
 
 CALLS = {
-    "replicated": lambda s, i, k, g, w: torch.ops.tpflare.select_replicated(s, i, k, g, w),
-    "owner/allgather": lambda s, i, k, g, w: torch.ops.tpflare.select_owner(s, i, k, g, w, "allgather"),
-    "owner/bf16": lambda s, i, k, g, w: torch.ops.tpflare.select_owner(s, i, k, g, w, "bf16"),
+    "replicated": lambda s, i, k, g, w, kn: torch.ops.tpflare.select_replicated(s, i, k, g, w, kn),
+    "owner/allgather": lambda s, i, k, g, w, kn: torch.ops.tpflare.select_owner(s, i, k, g, w, "allgather", kn),
+    "owner/bf16": lambda s, i, k, g, w, kn: torch.ops.tpflare.select_owner(s, i, k, g, w, "bf16", kn),
 }
 
 
 def _nccl_compositions(rank, world):
-    import tpflare
     from tpflare.distributed import group_name_of
 
     g = group_name_of(None)
@@ -39,16 +38,15 @@ def _nccl_compositions(rank, world):
         s_all, i_all = make_case(name, world, q, c, 0)
         s, i = s_all[rank].to(dev), i_all[rank].to(dev)
         for comp, call in CALLS.items():
-            tpflare.config.select_kernel = kernel
-            ids, sc = call(s, i, k, g, True)
+            ids, sc = call(s, i, k, g, True, kernel)
             eager[(name, comp, kernel)] = (ids.cpu().tolist(), as_bits(sc.cpu()))
             # capture with static buffers, replay on the other case's data
             s_buf, i_buf = s.clone(), i.clone()
-            call(s_buf, i_buf, k, g, True)
+            call(s_buf, i_buf, k, g, True, kernel)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                out_ids, out_sc = call(s_buf, i_buf, k, g, True)
+                out_ids, out_sc = call(s_buf, i_buf, k, g, True, kernel)
             s2_all, i2_all = make_case(name, world, q, c, 1)
             s_buf.copy_(s2_all[rank].to(dev))
             i_buf.copy_(i2_all[rank].to(dev))

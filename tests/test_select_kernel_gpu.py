@@ -139,8 +139,8 @@ def _make_case(kind, q, n, k, seed, device):
         # duplicate (id, score) pairs straddling the cutoff, plus ties
         scores = torch.randint(0, 3, (q, n), generator=g).float()
         half = n // 2
-        ids[:, half:] = ids[:, : n - half]
-        scores[:, half:] = scores[:, : n - half]
+        ids[:, half:] = ids[:, : n - half].clone()
+        scores[:, half:] = scores[:, : n - half].clone()
     elif kind == "nandups":
         # most scores NaN with assorted payloads, and every id twice: equal keys (same id, both
         # NaN) whose score bits differ, so only the position order tells them apart
@@ -149,7 +149,7 @@ def _make_case(kind, q, n, k, seed, device):
         pick = torch.randint(0, len(nan_bits), (q, n), generator=g)
         scores = torch.where(torch.rand(q, n, generator=g) < 0.8, nan_bits[pick], scores)
         half = n // 2
-        ids[:, half:] = ids[:, : n - half]
+        ids[:, half:] = ids[:, : n - half].clone()
     else:
         raise ValueError(kind)
     return scores.contiguous(), ids.contiguous()
@@ -202,19 +202,21 @@ def test_small_against_python(kind, n, k, variant):
 # the staged path with tiny tiles: many programs a row, the finish over chunks of the in-play
 # list (more than its registers hold), several rank tiles, 3- and 5-bit digits in the finish
 # passes, both orderings, the finish fused into the compact kernel (last program) or not
-STAGED_TILES = [dict(ca=64, fin_chunk=32, fin_warps=1, fin_resident=64, rank_rows=16),
-                dict(ca=512, fin_chunk=64, fin_resident=256, radix_bits=5, order="sort"),
-                dict(fin_chunk=128, radix_bits=3, fuse=False), dict(fuse=False, order="sort", fin_resident=1024)]
+STAGED_TILES = [(dict(ca=64, fin_chunk=32, fin_warps=1, fin_resident=64, rank_rows=16), None),
+                (dict(ca=512, fin_chunk=64, fin_resident=256, radix_bits=5), "sort"),
+                (dict(fin_chunk=128, radix_bits=3, fuse=False), None),
+                (dict(ca=64, fuse=False, fin_resident=1024), "sort")]
 
 
 @pytest.mark.parametrize("tiles", range(len(STAGED_TILES)))
 @pytest.mark.parametrize("kind", KINDS)
 def test_staged_tiles(kind, tiles):
     _require_kernel()
+    opts, order = STAGED_TILES[tiles]
     for n, k in [(300, 64), (1000, 2048), (6144, 2048)]:
         scores, ids = make_case(kind, 3, n, k, seed=13)
-        got = run_kernel(scores, ids, k, path="staged", staged=STAGED_TILES[tiles])
-        check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} {STAGED_TILES[tiles]}")
+        got = run_kernel(scores, ids, k, path="staged", staged=opts, order=order)
+        check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} {opts} order={order}")
 
 
 ROWS = [1, 7, 64, 1024]
@@ -232,23 +234,18 @@ def test_against_packed_topk(kind, k, n, path):
         check_equal(run_kernel(scores, ids, k, path=path), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k} {path}")
 
 
-ORDERS = [("bitonic", None), ("rank", 2), ("rank", 16), ("sort", None), ("staged_rank", None), ("staged_sort", None)]
+ORDERS = [("row", "rank"), ("row", "sort"), ("staged", "rank"), ("staged", "sort")]
 
 
-@pytest.mark.parametrize("order,split", ORDERS, ids=[f"{o}{s or ''}" for o, s in ORDERS])
+@pytest.mark.parametrize("path,order", ORDERS, ids=[f"{p}-{o}" for p, o in ORDERS])
 @pytest.mark.parametrize("kind", ["ties", "dups", "nandups", "padding", "special"])
-def test_final_orderings(kind, order, split):
-    """Every final ordering: the row kernel's bitonic network, SPLIT programs counting ranks, or
-    the unordered winners sorted by torch.sort (stable) and decoded; the staged path's rank
-    kernel, or torch.sort (any tie order) and a decode that puts equal keys in position order."""
+def test_final_orderings(kind, path, order):
+    """Both final orderings after both paths: the rank kernel (winners counted before each), or
+    torch.sort (any tie order) and a decode that puts equal keys in position order."""
     _require_kernel()
     scores, ids = make_case(kind, 3, 6144, 2048, seed=5)
-    if order.startswith("staged_"):
-        kw = dict(path="staged", staged=dict(order=order[len("staged_"):]))
-    else:
-        kw = dict(split=split, order=order)
-    got = run_kernel(scores, ids, 2048, **kw)
-    check_equal(got, ref_packed(scores, ids, 2048), f"{kind} order={order} split={split}")
+    got = run_kernel(scores, ids, 2048, path=path, order=order)
+    check_equal(got, ref_packed(scores, ids, 2048), f"{kind} path={path} order={order}")
 
 
 @pytest.mark.parametrize("resident", [None, False], ids=["default", "chunked"])
@@ -295,7 +292,7 @@ def test_strided_rows_and_no_host_sync(path):
     check_equal(got, ref_packed(scores, ids, 2048), f"strided {path}")
 
 
-GRAPH_CASES = [("bitonic", 64), ("sort", 64), ("staged", 64), ("default", 1), ("default", 4)]
+GRAPH_CASES = [("rank", 64), ("sort", 64), ("staged", 64), ("default", 1), ("default", 4), ("default", 64)]
 
 
 @pytest.mark.parametrize("order,q", GRAPH_CASES, ids=[f"{o}-q{q}" for o, q in GRAPH_CASES])
@@ -308,7 +305,7 @@ def test_cuda_graph_capture_and_replay(order, q):
     n, k = 8 * 2048, 2048
     scores, ids = make_case("random", q, n, k, seed=11)
     st_s, st_i = scores.cuda(), ids.cuda()
-    kw = {"staged": dict(path="staged"), "default": {}}.get(order, dict(order=order))
+    kw = {"staged": dict(path="staged"), "default": {}}.get(order, dict(path="row", order=order))
     sk.triton_ordered_select(st_s, st_i, k, **kw)  # warm-up: compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -321,6 +318,57 @@ def test_cuda_graph_capture_and_replay(order, q):
         graph.replay()
         torch.cuda.synchronize()
         check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind} {order} q={q}")
+
+
+LONG = [(131072, 2048), (100003, 2048), (65536, 64), (40000, 1)]
+
+
+@pytest.mark.parametrize("path", ["staged", "row"])
+@pytest.mark.parametrize("kind", ["random", "ties", "padding", "nandups", "special"])
+@pytest.mark.parametrize("n,k", LONG, ids=[f"{n}-{k}" for n, k in LONG])
+def test_long_rows(n, k, kind, path):
+    """Rows up to MAX_CANDIDATES (N not a power of two too), both paths, against torch.sort."""
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("too large for the interpreter")
+    for q in ([1, 5] if path == "staged" else [3, 33]):
+        scores, ids = make_case(kind, q, n, k, seed=q + n + k, device="cuda")
+        check_equal(run_kernel(scores, ids, k, path=path), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k} {path}")
+
+
+def _compiled_variants() -> int:
+    from tpflare.ops import radix, select_staged
+
+    fns = [sk._row_kernel, select_staged._hist_kernel, select_staged._compact_kernel, select_staged._finish_kernel,
+           radix._rank_kernel, radix._decode_runs_kernel]
+    return sum(len(c[0]) for f in fns for c in f.device_caches.values())
+
+
+# shapes that share a launch plan: (Q, N, k, row stride); the first one compiles
+GENERIC = {"staged, fused, rank": [(1, 16384, 2048, 16384), (2, 12000, 1500, 12000), (3, 9001, 2048, 9001),
+                                   (1, 16384, 2048, 20000)],
+           "row, registers, sort": [(20, 5000, 2048, 5000), (33, 12001, 2048, 12001), (100, 16384, 1025, 16384)],
+           "row, chunks, sort": [(65, 40000, 2048, 40000), (70, 131072, 2048, 131072)]}
+
+
+@pytest.mark.parametrize("plan", list(GENERIC))
+def test_one_compiled_kernel_serves_every_shape_of_a_plan(plan):
+    """Q, N, k and the strides are runtime values: after precompile of the first shape, the
+    other shapes of its launch plan run exactly without compiling anything."""
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("the interpreter compiles nothing")
+    shapes = GENERIC[plan]
+    assert len({sk.launch_plan(q, n, k) for q, n, k, _ in shapes}) == 1
+    q0, n0, k0, _ = shapes[0]
+    sk.precompile([(q0, n0)], k=k0, progress=False)
+    before = _compiled_variants()
+    for q, n, k, stride in shapes:
+        big_s, big_i = make_case("ties", q, stride, k, seed=q + n, device="cuda")
+        scores, ids = big_s[:, :n], big_i[:, :n]
+        check_equal(sk.triton_ordered_select(scores, ids, k), ref_packed(scores.contiguous(), ids.contiguous(), k),
+                    f"{plan} q={q} n={n} k={k}")
+    assert _compiled_variants() == before, f"{plan}: a shape of the same plan compiled another kernel"
 
 
 def test_rejects_bad_input():

@@ -142,11 +142,29 @@ def test_bad_inputs_name_the_argument(bad, match):
         ordered_select(args["scores"], args["ids"], args["k"])
 
 
-def test_unknown_kernel_name_is_an_error_on_cuda_only_path():
-    from tpflare.ops.ordering import _kernel_choice
+def test_unknown_kernel_name_is_an_error():
+    from tpflare.ops.ordering import resolve_kernel
 
     with pytest.raises(ValueError, match="kernel='fast'"):
-        _kernel_choice("fast")
+        ordered_select(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int32), 2, kernel="fast")
+    with pytest.raises(ValueError, match="kernel='fast'"):
+        resolve_kernel("fast", "cpu", 3, 2)
+
+
+def test_kernel_is_an_argument_never_a_global_read(monkeypatch):
+    """The knob is read at preparation (resolve_kernel), never by ordered_select: changing it
+    after preparation changes nothing; the CPU resolves every choice to torch."""
+    import tpflare
+    from tpflare.ops import ordering
+
+    for choice in ("torch", "auto", "triton"):
+        assert ordering.resolve_kernel(choice, torch.device("cpu"), 16384, 2048) == "torch"
+    calls = []
+    monkeypatch.setattr(ordering, "_triton_impl", lambda: calls.append(1))
+    s, i = torch.randn(2, 8), torch.arange(16, dtype=torch.int32).view(2, 8)
+    with tpflare.config.patch(select_kernel="triton"):
+        ids, _ = ordered_select(s, i, 3)  # default kernel="torch", whatever the knob says
+    assert ids.tolist() == reference_select([s], [i], 3)[0] and calls == []
 
 
 # --- property tests --------------------------------------------------------------------
@@ -208,10 +226,18 @@ def test_cuda_matches_cpu_and_kernel_dispatch():
     i[2] = -1
     exp = reference_select([s], [i], 2048)
     for kernel in ("torch", "auto", "triton"):
-        with tpflare.config.patch(select_kernel=kernel):
-            if kernel == "triton" and _triton_impl() is None:
-                with pytest.raises(RuntimeError, match="TPFLARE_SELECT_KERNEL=triton"):
-                    ordered_select(s.cuda(), i.cuda(), 2048)
-                continue
-            ids, scores = ordered_select(s.cuda(), i.cuda(), 2048)
+        if kernel == "triton" and _triton_impl() is None:
+            with pytest.raises(RuntimeError, match="kernel='triton'"):
+                ordered_select(s.cuda(), i.cuda(), 2048, kernel=kernel)
+            continue
+        with tpflare.config.patch(select_kernel="torch"):  # the knob is not read here
+            ids, scores = ordered_select(s.cuda(), i.cuda(), 2048, kernel=kernel)
         assert (ids.cpu().tolist(), as_bits(scores.cpu())) == exp, kernel
+    # beyond the Triton kernel's row limit: the torch path, exact
+    from tpflare.ops import select_kernel as sk
+
+    n = sk.MAX_CANDIDATES + 8
+    s2 = torch.randn(1, n)
+    i2 = torch.randperm(n, dtype=torch.int32).view(1, n)
+    ids, scores = ordered_select(s2.cuda(), i2.cuda(), 64, kernel="auto")
+    assert (ids.cpu().tolist(), as_bits(scores.cpu())) == reference_select([s2], [i2], 64)

@@ -12,3 +12,18 @@ def test_path_policy():
     assert sk.choose_path(64, 16384, 2048, 132) == "row"
     assert sk.choose_path(64, 32768, 2048, 132) == "staged"
     assert sk.choose_path(256, 32768, 2048, 132) == "row"
+
+
+def test_launch_plans_are_shape_generic():
+    """Shapes of one tile class share a plan (one set of compiled kernels); the plan changes
+    only where a constexpr does (path, register tile, k's power of two, ordering)."""
+    assert sk.launch_plan(1, 16384, 2048) == sk.launch_plan(2, 12000, 1025) == sk.launch_plan(3, 9001, 2048)
+    assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(1000, 16384, 2048)
+    assert sk.launch_plan(100, 40000, 2048) == sk.launch_plan(4096, 131072, 2048)
+    assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(8, 16384, 2048)  # fused finish up to 3 rows
+    assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4097, 2048)  # register tiles 4096 / 16384
+    assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4096, 1024)
+
+
+def test_limits():
+    assert sk.supports(131072, 2048) and not sk.supports(131073, 2048) and not sk.supports(16, 2049)

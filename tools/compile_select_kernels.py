@@ -3,8 +3,9 @@
     python tools/compile_select_kernels.py [--arch 90] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
-each kernel of ``ops/select_staged.py`` and ``ops/select_kernel.py`` at the default
-configuration of 8x2048 candidates and k = 2048, without a GPU. It checks code generation
+each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
+tile classes of k = 2048, without a GPU, and prints each one's compile seconds and cubin size
+(a lower bound on what a cold first call costs on the GPU host). It checks code generation
 only; the Triton interpreter (``TRITON_INTERPRET=1``, tests/test_select_kernel_gpu.py) checks
 what the kernels compute. Names select kernels by substring.
 """
@@ -18,26 +19,25 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from tpflare.ops import radix as rx
 from tpflare.ops import select_kernel as sk
 from tpflare.ops import select_staged as st
 
 _TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr="*i64", wv_ptr="*i32",
               wo_ptr="*i32", cnt_ptr="*i32", oid_ptr="*i32", osc_ptr="*fp32", key_ptr="*i64", pos_ptr="*i64",
               N="i32", K="i32", s_sq="i32", s_iq="i32", s_oi="i32", s_os="i32")
-_FIN = dict(HB=st.HIST_BITS, ZS=(1 << st.HIST_BITS) + 4, KB=2048, D=8, CH=2048, FR1=1024, FR2=4096, FR3=8192,
-            SORT_OUTSIDE=True)
-_ROW = dict(KB=2048, LOG_KB=11, SPLIT=1, D=5, ABLATE=0)
+_FIN = dict(HB=st.HIST_BITS, ZS=(1 << st.HIST_BITS) + 4, KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0],
+            FR2=st.FIN_TIERS[1])
 KERNELS = {
     "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"]), 2),
     "staged compact+finish (fused)": (st._compact_kernel, dict(CA=512, FUSED=True, **_FIN), 8),
-    "staged compact": (st._compact_kernel, dict(CA=2048, FUSED=False, **_FIN), 8),
+    "staged compact": (st._compact_kernel, dict(CA=4096, FUSED=False, **_FIN), 8),
     "staged finish": (st._finish_kernel, _FIN, 8),
-    "staged rank": (st._rank_kernel, dict(KB=2048, SL=16, JB=512), 4),
-    "staged decode runs": (st._decode_runs_kernel, dict(KB=2048), 8),
-    "row kernel (registers, bitonic)": (sk._ordered_select_kernel,
-                                        dict(BLOCK=16384, CHUNK=4096, RESIDENT=True, SORT_OUTSIDE=False, **_ROW), 16),
-    "row kernel (chunks, torch.sort)": (sk._ordered_select_kernel,
-                                        dict(BLOCK=32768, CHUNK=4096, RESIDENT=False, SORT_OUTSIDE=True, **_ROW), 16),
+    "rank": (rx._rank_kernel, dict(KB=2048, SL=16, JB=512), 4),
+    "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
+    "row kernel (registers 16384)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, KB=2048, RESIDENT=True, D=5), 16),
+    "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, KB=2048, RESIDENT=True, D=5), 4),
+    "row kernel (chunks)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, KB=2048, RESIDENT=False, D=5), 16),
 }
 
 

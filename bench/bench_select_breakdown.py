@@ -1,0 +1,114 @@
+"""Where the time of the staged selection path goes, and how its tile options move it (H200).
+
+    python bench/bench_select_breakdown.py --out breakdown.json
+
+Prefixes of the staged path's launch sequence are captured in CUDA graphs and replayed (each
+prefix ends in a consistent state, so replays are safe): workspace memset, + histogram, +
+compact (finish fused up to 3 rows), + finish kernel, + ordering. Differences between prefixes
+are the stages' costs. Then tile options of both paths at a few shapes (graph replay).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_select_kernel import make_inputs, time_graph  # noqa: E402
+
+from tpflare.ops import radix, select_kernel as sk, select_staged as st  # noqa: E402
+
+
+def staged_prefix(scores, ids, k, stop: int):
+    """The staged path's launches up to stage ``stop`` (0 memset .. 4 ordering), as staged_select."""
+    q, n = scores.shape
+    kb = max(2, st.next_pow2(k))
+    n_sm = sk._num_sms(0)
+    ca, fuse, fw = st.plan(q, n, kb, n_sm)
+    nw_a = max(1, min(8, ca // 256))
+    z = torch.zeros((q, st._ZS), dtype=torch.int32, device=scores.device)
+    if stop == 0:
+        return z
+    wk, wv, wo, cnt, pl = radix.winner_workspace(q, kb, n, scores.device)
+    grid = (q, -(-n // ca))
+    fin = dict(HB=st.HIST_BITS, ZS=st._ZS, KB=kb, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1])
+    st._hist_kernel[grid](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=st.HIST_BITS, ZS=st._ZS,
+                          num_warps=nw_a)
+    if stop == 1:
+        return z
+    st._compact_kernel[grid](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
+                             CA=ca, FUSED=fuse, num_warps=fw if fuse else nw_a, **fin)
+    if stop >= 3 and not fuse:
+        st._finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
+                                num_warps=fw, **fin)
+    if stop >= 4:
+        out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
+        out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
+        return radix.order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm)
+    return z
+
+
+OPTIONS = {
+    (1, 16384): [dict(path="staged", staged=dict(ca=c)) for c in (256, 1024, 2048)]
+    + [dict(path="staged", staged=dict(fin_warps=4)), dict(path="staged", staged=dict(radix_bits=5)),
+       dict(path="staged", staged=dict(radix_bits=6)), dict(path="staged", staged=dict(fin_resident=1024)),
+       dict(path="staged", staged=dict(rank_rows=8)), dict(path="staged", staged=dict(rank_rows=32)),
+       dict(path="staged", staged=dict(rank_rows=64))],
+    (8, 16384): [dict(path="staged", staged=dict(ca=c)) for c in (256, 1024)]
+    + [dict(path="staged", staged=dict(rank_rows=32)), dict(path="staged", order="sort")],
+    (64, 16384): [dict(path="row", num_warps=8), dict(path="row", radix_bits=4), dict(path="row", radix_bits=6),
+                  dict(path="staged", staged=dict(ca=2048)), dict(path="staged", staged=dict(ca=4096))],
+    (1024, 16384): [dict(path="row", num_warps=8), dict(path="row", radix_bits=6)],
+    (1, 131072): [dict(path="staged", staged=dict(fin_warps=16)), dict(path="staged", staged=dict(fin_chunk=4096)),
+                  dict(path="staged", staged=dict(fin_warps=16, fin_chunk=4096)),
+                  dict(path="staged", staged=dict(fin_warps=32, fin_chunk=8192))],
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--k", type=int, default=2048)
+    a = ap.parse_args(argv)
+    k = a.k
+    recs = []
+    for pattern in ("random", "ties"):
+        for q in (1, 8):
+            sets = [make_inputs(q, 16384, pattern, seed=i) for i in range(3)]
+            prev = 0.0
+            for stop, name in enumerate(("memset", "+hist", "+compact", "+finish", "+order")):
+                ms = time_graph(lambda s, i: staged_prefix(s, i, k, stop), sets, 10, 10)
+                recs.append(dict(kind="prefix", pattern=pattern, q=q, n=16384, stage=name, graph_ms=ms,
+                                 stage_ms=ms - prev))
+                prev = ms
+                print(json.dumps(recs[-1]), flush=True)
+    for (q, n), opts in OPTIONS.items():
+        for pattern in ("random", "ties"):
+            sets = [make_inputs(q, n, pattern, seed=i) for i in range(3)]
+            ref = sk.triton_ordered_select(*sets[0], k)
+            for kw in [{}] + opts:
+                got = sk.triton_ordered_select(*sets[0], k, **kw)
+                exact = bool(torch.equal(got[0], ref[0]) and torch.equal(got[1].view(torch.int32),
+                                                                          ref[1].view(torch.int32)))
+                ms = time_graph(lambda s, i, kw=kw: sk.triton_ordered_select(s, i, k, **kw), sets, 10, 10)
+                recs.append(dict(kind="option", pattern=pattern, q=q, n=n, option=json.dumps(kw) if kw else "default",
+                                 graph_ms=ms, exact=exact))
+                print(json.dumps(recs[-1]), flush=True)
+            del sets
+    with open(a.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), records=recs), f, indent=1)
+    print("\nstage costs (graph replay ms):")
+    for r in recs:
+        if r["kind"] == "prefix":
+            print(f"{r['pattern']:7} Q={r['q']:<5} {r['stage']:9} total {r['graph_ms']:.4f}  stage {r['stage_ms']:.4f}")
+    print("\noptions (graph replay ms):")
+    for r in recs:
+        if r["kind"] == "option":
+            print(f"{r['pattern']:7} Q={r['q']:<5} N={r['n']:<6} {r['graph_ms']:.4f} exact={r['exact']} {r['option']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
