@@ -268,13 +268,32 @@ def _inplace_reduce(node: fx.Node, spec: StackAllReduce) -> Reduce | None:
     return r
 
 
+def _tpflare_replicating() -> dict[Any, str]:
+    """tpflare's own ops whose outputs are identical on every rank of their group, by contract
+    (the selection compositions and the id replication), and the argument naming the group."""
+    ops = torch.ops.tpflare
+    out = {}
+    for name in ("select", "select_replicated", "select_owner", "replicate_ids"):
+        if hasattr(ops, name):
+            out[getattr(ops, name).default] = "group_name"
+    return out
+
+
 def replicating_group(node: fx.Node) -> str | None:
     """The c10d group over which ``node``'s value is replicated by a collective, else None.
 
-    The result of a sum all-reduce (any spelling) or of an all-gather.
+    The result of a sum all-reduce (any spelling), of an all-gather, or of tpflare's
+    selection ops (their ids and scores are replicated exactly).
     """
     if node.op != "call_function":
         return None
+    mine = _tpflare_replicating()
+    src = node.args[0] if node.target is operator.getitem and node.args else node
+    if isinstance(src, fx.Node) and src.op == "call_function" and src.target in mine:
+        names = [a.name for a in src.target._schema.arguments]
+        i = names.index(mine[src.target])
+        g = src.kwargs.get(mine[src.target], src.args[i] if len(src.args) > i else None)
+        return str(g) if isinstance(g, str) else None
     if node.target == c10d.wait_tensor.default and isinstance(node.args[0], fx.Node):
         src = node.args[0]
         if src.target == c10d.all_reduce.default:
