@@ -277,8 +277,12 @@ def core(rank: int, world: int, cfg: DemoConfig, start: int) -> dict[str, Any]:
 
 # --- both starts --------------------------------------------------------------------------------------
 def run_demo(world: int = 2, backend: str = "auto", cfg: DemoConfig | None = None, timeout: float = 600.0,
-             cache_dir: str | None = None, second_start: bool = True) -> dict[str, Any]:
-    """Start 1 (and start 2, new processes, same cache directory); returns ``summarize``'s dict."""
+             cache_dir: str | None = None, second_start: bool = True,
+             fresh_inductor_cache: bool = True) -> dict[str, Any]:
+    """Start 1 (and start 2, new processes, same cache directory); returns ``summarize``'s dict.
+
+    ``fresh_inductor_cache``: each start gets an empty Inductor cache directory, so that compile
+    times compare like with like (False: Inductor's usual one; faster, for tests)."""
     from tpflare.testing import run_ranks
 
     cfg = cfg or DemoConfig()
@@ -287,13 +291,13 @@ def run_demo(world: int = 2, backend: str = "auto", cfg: DemoConfig | None = Non
     env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "TPFLARE_CACHE_DIR": cache_dir}
     starts = []
     for start in (1, 2) if second_start else (1,):
-        # each start compiles its kernels from scratch: compile times compare like with like
-        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"tpflare_demo_inductor_{start}_")
+        if fresh_inductor_cache:   # each start compiles its kernels from scratch: like with like
+            env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"tpflare_demo_inductor_{start}_")
         print(f"start {start}: {world} new processes ({backend}), composition cache {cache_dir}",
               file=sys.stderr, flush=True)
         start_cfg = cfg if start == 1 else dataclasses.replace(cfg, compare_off=False)
         starts.append(run_ranks(core, world, args=(start_cfg, start), backend=backend, timeout=timeout, env=env))
-    return summarize(starts, cfg, world, backend, cache_dir)
+    return dict(summarize(starts, cfg, world, backend, cache_dir), fresh_inductor_cache=fresh_inductor_cache)
 
 
 def resolve_backend(backend: str, world: int) -> str:
@@ -438,8 +442,10 @@ def format_summary(s: dict[str, Any]) -> str:
             out.append(f"| {b['capacity']['name']} | {hit} | {b['trials']} trials | {b['winner']} "
                        f"| {_YN[a['winner'] == b['winner']]} | {_YN[a['out_digest'] == b['out_digest']]} "
                        f"| {a['compile_s']:.1f} ({a['race_s']:.2f}) | {b['compile_s']:.1f} |")
-        out.append("compile times: served model, slowest rank, after the warm-up, each start with its own empty "
-                   "Inductor cache directory (like with like: they differ by the race vs the cache hit)")
+        out.append("compile times: served model, slowest rank, after the warm-up; " + (
+            "each start with its own empty Inductor cache directory (like with like: they differ by the race "
+            "vs the cache hit)" if s.get("fresh_inductor_cache") else
+            "start 2 may reuse kernels start 1 left in Inductor's cache directory (not like with like)"))
     out += ["", "summary:"] + _summary_lines(s)
     return "\n".join(out)
 
