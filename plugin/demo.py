@@ -177,7 +177,7 @@ def _forced_knobs(composition: str) -> dict[str, str]:
     return {"select": "owner", "select_id_replication": composition.split("/", 1)[1]}
 
 
-def _run_capacity(cm, full, cap: Capacity, cfg: DemoConfig, device, world: int) -> dict[str, Any]:
+def _run_capacity(cm, full, cap: Capacity, cfg: DemoConfig, device) -> dict[str, Any]:
     """Compile (first call), check and time one capacity of one compiled model."""
     import tpflare
     from tpflare import observe, race
@@ -262,7 +262,7 @@ def core(rank: int, world: int, cfg: DemoConfig, start: int) -> dict[str, Any]:
     torch._dynamo.reset()
     with tpflare.config.patch(latent_gather=True):
         cm = torch.compile(model, backend="tpflare", dynamic=False, fullgraph=True)
-        res["served"] = [_run_capacity(cm, full, cap, cfg, device, world) for cap in cfg.capacities]
+        res["served"] = [_run_capacity(cm, full, cap, cfg, device) for cap in cfg.capacities]
     res["off"] = {}
     if cfg.compare_off:
         for cap, served in zip(cfg.capacities, res["served"]):
@@ -271,7 +271,7 @@ def core(rank: int, world: int, cfg: DemoConfig, start: int) -> dict[str, Any]:
             torch._dynamo.reset()   # tpflare's knobs are not Dynamo guards
             with tpflare.config.patch(latent_gather=False, **_forced_knobs(_winner(served["records"]))):
                 cm = torch.compile(model, backend="tpflare", dynamic=False, fullgraph=True)
-                res["off"][cap.name] = _run_capacity(cm, full, cap, cfg, device, world)
+                res["off"][cap.name] = _run_capacity(cm, full, cap, cfg, device)
     return res
 
 
