@@ -20,8 +20,7 @@ def demo(tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp("torch_trace")
     cfg = DemoConfig(hidden=256, latent=128, experts=4, expert_hidden=128, positions=64, heads=2, head_dim=32,
                      index_heads=2, index_dim=32, top_k=K,
-                     capacities=[Capacity("decode", 1, 40), Capacity("speculative", 8, 40),
-                                 Capacity("prefill", 16, 0)],
+                     capacities=[Capacity("decode", 1, 40), Capacity("prefill", 16, 0)],
                      iters=1, warmup=1, knobs=dict(race_iters=2, race_warmup=1, race_holdout=2),
                      return_selection=True)
     with pytest.MonkeyPatch.context() as mp:
@@ -85,14 +84,13 @@ def test_race_table_has_every_composition_validated(demo):
         assert all(v["holdouts"] == 2 and v["failed_ranks"] == [] for v in sel["validation"].values())
 
 
-def test_prefill_rewritten_small_capacities_kept(demo):
+def test_prefill_rewritten_decode_kept(demo):
     s, _ = demo
     served = {c["capacity"]["name"]: c for c in s["starts"][0]["served"]}
     assert [r["decision"] for r in served["prefill"]["latent_gather"]].count("rewritten") == 1
-    for name in ("decode", "speculative"):
-        sites = served[name]["latent_gather"]
-        assert sites and all(r["decision"] == "skipped" for r in sites)
-        assert any(r["reason"].startswith("rows") for r in sites), sites
+    sites = served["decode"]["latent_gather"]
+    assert sites and all(r["decision"] == "skipped" for r in sites)
+    assert any(r["reason"].startswith("rows") for r in sites), sites
     assert set(s["starts"][0]["off"]) == {"prefill"}   # the only capacity with a rewrite
 
 
@@ -119,7 +117,7 @@ def test_trace_artifacts_in_torch_trace(demo):
     gathers = [a for a in arts if a["name"] == "tpflare_latent_gather"]
     for rank in (0, 1):
         mine = [a["payload"] for a in races if a["rank"] == rank and a["payload"]["source"] != "forced"]
-        assert sorted(p["source"] for p in mine) == ["cache"] * 3 + ["race"] * 3   # two starts
+        assert sorted(p["source"] for p in mine) == ["cache"] * 2 + ["race"] * 2   # two starts
         forced = [a["payload"] for a in races if a["rank"] == rank and a["payload"]["source"] == "forced"]
         assert [p["Q"] for p in forced] == [16]             # start 1's latent-gather-off prefill
         assert all(set(p["timings"]) == {"replicated", "owner/allgather", "owner/bf16"} for p in mine)
