@@ -150,8 +150,12 @@ class _ProgressFormatter(logging.Formatter):
         return f"{self.prefix}[{time.perf_counter() - self.t0:6.1f} s] {record.getMessage()}"
 
 
-def print_progress(prefix: str = "", stream: Any = None) -> logging.Handler:
-    """Show ``tpflare.progress`` lines on ``stream`` (stderr); returns the handler."""
+def print_progress(prefix: str = "", stream: Any = None) -> logging.Handler | None:
+    """Show ``tpflare.progress`` lines on ``stream`` (stderr); returns the handler, or None when
+    ``TORCH_LOGS`` (or other logging set up on ``tpflare``) shows them already."""
+    parent = logging.getLogger("tpflare")
+    if parent.isEnabledFor(logging.INFO) and any(not isinstance(h, logging.NullHandler) for h in parent.handlers):
+        return None
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(_ProgressFormatter(prefix))
     handler.setLevel(logging.INFO)

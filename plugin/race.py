@@ -23,6 +23,10 @@ group in lockstep:
 
 Every step that can diverge goes through ``tpflare.distributed.agree`` (a
 private gloo group with ``TPFLARE_PREP_TIMEOUT``): no rank decides alone.
+
+A race logs a start and a done line on ``tpflare.progress`` (``tpflare.observe.step``);
+its record (``tpflare.report()``, trace artifact ``tpflare_race``) carries every
+composition's timings and holdout validation, ``trials`` (0 on a cache hit) and ``race_s``.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Records go to ``logging.getLogger("tpflare.report")`` (INFO; ``TORCH_LOGS=tpflare``
 shows them), to an in-process list (``tpflare.report()``), to PyTorch's
-structured trace as ``tpflare_<kind>`` artifacts (``TORCH_TRACE=DIR``, read by
-tlparse; see ``tpflare.observe``), and, when ``TPFLARE_REPORT=FILE`` is set, as
+structured trace as ``tpflare_latent_gather`` / ``tpflare_race`` artifacts
+(``TORCH_TRACE=DIR``, read by tlparse; see ``tpflare.observe``), and, when ``TPFLARE_REPORT=FILE`` is set, as
 JSON lines appended to FILE (``python -m tpflare report FILE`` prints them).
 """
 from __future__ import annotations
