@@ -38,7 +38,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import sys
 import tempfile
 import time
