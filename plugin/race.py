@@ -23,6 +23,10 @@ group in lockstep:
 
 Every step that can diverge goes through ``tpflare.distributed.agree`` (a
 private gloo group with ``TPFLARE_PREP_TIMEOUT``): no rank decides alone.
+
+A race logs a start and a done line on ``tpflare.progress`` (``tpflare.observe.step``);
+its record (``tpflare.report()``, trace artifact ``tpflare_race``) carries every
+composition's timings and holdout validation, ``trials`` (0 on a cache hit) and ``race_s``.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import reporting
+from . import observe, reporting
 from .config import Settings
 from .distributed import agree, group_rank, group_ranks, group_size, resolve_group
 from .timing import capture_graph, median_ms, release_graph
@@ -332,13 +336,21 @@ def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: t
     seen = [b[1] for b in both]
     if all(s is not None for s in seen) and len(set(seen)) == 1:
         stats["cache_hits"] += 1
+        race_s, trials = 0.0, 0
+        observe.progress_log.info("tpflare race %s: Q=%d C=%d k=%d: cache hit, 0 trials, winner %s",
+                                  site or "select", q, c, k, seen[0])
         d = Decision(by_name[seen[0]], "cache", key, entry.get("timings", {}), entry.get("validation", {}),
                      why="every rank hit the same cache entry")
     else:
         why_race = ("cache miss on ranks " + str([r for r, s in zip(ranks, seen) if s is None])
                     if any(s is None for s in seen) else f"ranks' cache entries differ: {seen}")
         mem0 = _allocated(device)
-        winner, timings, validation, why = run_race(q, c, k, group_name, with_scores, device, comps, settings)
+        trials0 = stats["trials"]
+        with observe.step(f"tpflare race {site or 'select'}: Q={q} C={c} k={k}, {len(comps)} compositions "
+                          f"({', '.join(cm.name for cm in comps)}), {settings.race_holdout} holdouts") as prog:
+            winner, timings, validation, why = run_race(q, c, k, group_name, with_scores, device, comps, settings)
+            prog["result"] = f"winner {winner}"
+        race_s, trials = prog["seconds"], stats["trials"] - trials0
         gc.collect()  # the race's trial and holdout tensors are gone once run_race returns
         if mem0 is not None:
             validation["_memory"] = {"allocated_before": mem0, "allocated_after": _allocated(device)}
@@ -348,5 +360,7 @@ def decide(q: int, c: int, k: int, group_name: str, with_scores: bool, device: t
         except Exception as e:
             log.warning("tpflare: composition cache entry not written (%s); the decision stands", e)
     reporting.record("select", "bound", site=site, composition=d.composition.name, source=d.source,
-                     reason=d.why, Q=q, C=c, k=k, kernel=kernel, timings=d.timings, key=key[:16])
+                     reason=d.why, Q=q, C=c, k=k, kernel=kernel, timings=d.timings, key=key[:16],
+                     validation={n: v for n, v in d.validation.items() if not n.startswith("_")},
+                     trials=trials, race_s=round(race_s, 3))
     return d

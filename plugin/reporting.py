@@ -1,8 +1,10 @@
 """What tpflare decided, and why: every rewrite site and every race.
 
-Records go to ``logging.getLogger("tpflare.report")`` (INFO), to an in-process
-list (``tpflare.report()``), and, when ``TPFLARE_REPORT=FILE`` is set, as JSON
-lines appended to FILE (``python -m tpflare report FILE`` prints them).
+Records go to ``logging.getLogger("tpflare.report")`` (INFO; ``TORCH_LOGS=tpflare``
+shows them), to an in-process list (``tpflare.report()``), to PyTorch's
+structured trace as ``tpflare_latent_gather`` / ``tpflare_race`` artifacts
+(``TORCH_TRACE=DIR``, read by tlparse; see ``tpflare.observe``), and, when ``TPFLARE_REPORT=FILE`` is set, as
+JSON lines appended to FILE (``python -m tpflare report FILE`` prints them).
 """
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import threading
 import time
 from typing import Any
 
+from . import observe
+
 log = logging.getLogger("tpflare.report")
+observe.register_torch_logs()   # TORCH_LOGS=tpflare / +tpflare
 
 _records: list[dict[str, Any]] = []
 _lock = threading.Lock()
@@ -35,6 +40,7 @@ def record(kind: str, decision: str, **fields: Any) -> dict[str, Any]:
     with _lock:
         _records.append(rec)
     log.info("%s", format_record(rec))
+    observe.trace(rec)
     path = os.environ.get("TPFLARE_REPORT", "")
     try:
         from .config import config
