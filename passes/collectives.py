@@ -270,10 +270,11 @@ def _inplace_reduce(node: fx.Node, spec: StackAllReduce) -> Reduce | None:
 
 def _tpflare_replicating() -> dict[Any, str]:
     """tpflare's own ops whose outputs are identical on every rank of their group, by contract
-    (the selection compositions and the id replication), and the argument naming the group."""
+    (the selection compositions, the id replication, the column gather), and the argument
+    naming the group."""
     ops = torch.ops.tpflare
     out = {}
-    for name in ("select", "select_replicated", "select_owner", "replicate_ids"):
+    for name in ("select", "select_replicated", "select_owner", "replicate_ids", "column_gather"):
         if hasattr(ops, name):
             out[getattr(ops, name).default] = "group_name"
     return out

@@ -139,6 +139,11 @@ def _build(col_weight: torch.Tensor, world: int, group_name: str, layout: str, d
         return torch.ops.tpflare.reshard_rows(col, world, group_name)
 
 
+def _rows_shape(col: torch.Tensor, world: int, layout: str) -> str:
+    n, kw = col.shape if layout == "out_in" else (col.shape[1], col.shape[0])
+    return f"{n // world}, {kw * world}"
+
+
 def resharded(col_weight: torch.Tensor, name: str, world: int, group_name: str, layout: str = "out_in",
               dtensor: Any = None) -> tuple[torch.Tensor, int]:
     """This rank's row shard ``[N/W, K]`` of ``col_weight``, built once (collective on first use).
@@ -153,7 +158,11 @@ def resharded(col_weight: torch.Tensor, name: str, world: int, group_name: str, 
     if (e is not None and e.origin in ("resharded", "dtensor") and e.world == world
             and e.group_name == group_name and e.layout == layout):
         return e.rows, 0
-    rows = _build(col_weight, world, group_name, layout, dtensor)
+    from .observe import step
+
+    how = "DTensor redistribute" if dtensor is not None else "all-to-all"
+    with step(f"tpflare reshard {name}: row shard [{_rows_shape(col_weight, world, layout)}] ({how})"):
+        rows = _build(col_weight, world, group_name, layout, dtensor)
     key = _key(col_weight)
     with _lock:
         _entries[key] = _Entry(weakref.ref(col_weight, lambda _r, k=key: _drop(k)), rows,

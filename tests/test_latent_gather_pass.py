@@ -174,6 +174,11 @@ def test_upstream_leaves_collectives_and_blockers():
     u = _upstream(lambda x, g: (_reduce(x) * g,), a, b)       # after an all-reduce: only g is a leaf
     assert u.leaves == (1,) and u.proven_groups == ("g",)
     assert "random" in (_upstream(lambda x, g: (x + torch.rand_like(x),), a, b).blocker or "")
+    import tpflare  # noqa: F401  (registers torch.ops.tpflare)
+
+    s, i = torch.randn(4, 8), torch.arange(32, dtype=torch.int32).view(4, 8)
+    u = _upstream(lambda s, i: (torch.ops.tpflare.select_replicated(s, i, 4, "g", True)[1] * 2,), s, i)
+    assert u.leaves == () and u.proven_groups == ("g",)        # selection outputs are replicated
     # a rank-dependent constant changes the fingerprint that ranks compare
     assert _upstream(lambda x, g: (x + 0,), a, b).fingerprint != _upstream(lambda x, g: (x + 1,), a, b).fingerprint
 
