@@ -248,13 +248,14 @@ class LatentGatherCompiler:
         index = {p: i for i, p in enumerate(placeholders)}
         mapping_problem = match_inputs(fakes, self._flat)
         allowed = {d.strip() for d in st.latent_gather_dtypes.split(",") if d.strip()}
+        states: dict[int, tuple] = {}        # one hash per graph input, however many sites read it
         out = []
         for s in sites:
             rec: dict[str, Any] = dict(name=s.name, group=s.group, sig=(s.reduce.spelling, s.group, s.n,
                                        s.k_shard, s.layout, s.bias is not None, str(s.dtype)))
             rec["skip"] = s.skip or self._static_gate(s, st, is_inference, allowed, mapping_problem)
             if rec["skip"] is None:
-                rec.update(self._replication(s, upstream, index, st))
+                rec.update(self._replication(s, upstream, index, st, states))
                 rec.update(self._row_source(s, index))
                 rec["rows_hint"] = str(_hint(s.rows()))
             out.append(rec)
@@ -277,7 +278,7 @@ class LatentGatherCompiler:
             return f"cannot map the graph's inputs to the model's tensors ({mapping_problem})"
         return _rows_gate(s, st.latent_gather_min_rows)
 
-    def _replication(self, s, upstream, index, st) -> dict[str, Any]:
+    def _replication(self, s, upstream, index, st, memo: dict[int, tuple]) -> dict[str, Any]:
         """What this rank knows about whether ``x_full`` (and a bias/W's bias) is replicated."""
         ups = [upstream(s.x_full, index)] + ([upstream(s.bias, index)] if s.bias is not None else [])
         blocker = next((u.blocker for u in ups if u.blocker), None)
@@ -292,7 +293,10 @@ class LatentGatherCompiler:
                     blocker = blocker or f"computed from a collective over group {g!r}, which does not span {s.group!r}"
         trust = st.latent_gather_replication == "trust"
         leaves = sorted({i for u in ups for i in u.leaves})
-        states = {i: _leaf_state(self._flat[i][0], self._flat[i][1], trust) for i in leaves}
+        for i in leaves:
+            if i not in memo:
+                memo[i] = _leaf_state(self._flat[i][0], self._flat[i][1], trust)
+        states = {i: memo[i] for i in leaves}
         return dict(blocker=blocker, fingerprint=[u.fingerprint for u in ups], leaves=states,
                     leaf_names={i: self._flat[i][2] for i in leaves},
                     proof=("collective" if not leaves else
