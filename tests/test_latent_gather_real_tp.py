@@ -106,6 +106,17 @@ def _dtensor(rank, world):
     # an eager emulation of the gather: every rank's full-K GEMM with its rows, blocks side by side
     w = full["plain.weight"]
     res["emulation_equal"] = torch.equal(outs[0], torch.cat([(wr @ x.T).T for wr in w.chunk(world, 0)], 1))
+    if world == 2:                        # the same plan under dynamic=True: 64 rows, then 4 (below the gate)
+        torch._dynamo.reset()
+        tpflare.clear_report()
+        x4 = _x(world, 4, 9)
+        with torch.no_grad(), tpflare.config.patch(latent_gather=True):
+            cf = torch.compile(model, backend="tpflare", fullgraph=True, dynamic=True)
+            dyn, dyn4 = cf(x), cf(x4)
+            eager4 = model(x4)
+        res["dynamic"] = dict(records=[rec[:2] for rec in _records()],
+                              same_as_static=all(torch.equal(a, b) for a, b in zip(dyn, outs)),
+                              decode_is_reduce=all(torch.equal(a, b) for a, b in zip(dyn4, eager4)))
     return res
 
 
@@ -120,6 +131,11 @@ def test_torch_tp_api_rowwise_parallel_is_rewritten(world):
         for g, red in zip(r["gather"], r["reduce"]):
             assert g <= 0.75 * red, r                                    # one rounding instead of two
         assert r["chained"] < 8e-3 and r["emulation_equal"], r
+        if world == 2:
+            dyn = r["dynamic"]
+            assert [d for d, _ in dyn["records"]] == ["rewritten"] * 4 + ["skipped"] * 4, dyn
+            assert all("rows" in why for d, why in dyn["records"] if d == "skipped"), dyn
+            assert dyn["same_as_static"] and dyn["decode_is_reduce"], dyn
 
 
 # --- a serving stack's own all-reduce ops ----------------------------------------------------------
