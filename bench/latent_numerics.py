@@ -46,19 +46,9 @@ import time
 
 import torch
 
-from tpflare.demo import correctly_rounded_bf16
+from tpflare.demo import correctly_rounded
 
 BF16 = torch.bfloat16
-
-
-def correctly_rounded(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float64 -> ``dtype`` with one round-to-nearest-even."""
-    if dtype == BF16:
-        return correctly_rounded_bf16(ref)
-    if dtype == torch.float32:
-        return ref.double().to(torch.float32)       # a direct double -> float cast rounds once
-    m, e = torch.frexp(ref.double())                # float16: 11 significant bits (normal range)
-    return torch.ldexp(torch.round(m * 2048.0) / 2048.0, e.double()).to(dtype)
 
 
 def make_inputs(kind: str, m: int, k: int, n: int, seed: int, pair_world: int = 2, dtype=BF16):

@@ -18,6 +18,7 @@ registration says how to map them to a c10d process group.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import threading
 from typing import Any, Callable, Mapping
@@ -213,34 +214,45 @@ def _resolve(r: Reduce) -> Reduce:
     return r
 
 
+def _stacks() -> dict[Any, StackAllReduce]:
+    return {s.op: s for s in registered()}
+
+
+def reduce_at(node: fx.Node, stacks: dict[Any, StackAllReduce]) -> Reduce | None:
+    """``node`` as the collective of a sum all-reduce (any spelling), else None.
+
+    A stack op's group is left unresolved (``group`` None); ``find_reduces`` resolves it.
+    """
+    if node.op != "call_function":
+        return None
+    if node.target == c10d.all_reduce.default:
+        waits = [u for u in node.users if u.target == c10d.wait_tensor.default]
+        if len(waits) != 1 or len(node.users) != 1:
+            return None
+        r = Reduce(node.args[0], waits[0], [waits[0], node], "c10d", str(node.args[2]), str(node.args[2]))
+        if node.args[1] != "sum":
+            r.skip = f"all_reduce op is {node.args[1]!r}, not sum"
+        return r
+    if node.target in stacks and not stacks[node.target].inplace:
+        spec = stacks[node.target]
+        return Reduce(node.args[0], node, [node], "stack", None, str(_stack_arg(node, spec, spec.group_arg)), spec)
+    if node.target in _AUTO_FUNCTIONALIZED and node.args and node.args[0] in stacks:
+        return _inplace_reduce(node, stacks[node.args[0]])
+    return None
+
+
 def find_reduces(graph: fx.Graph) -> list[Reduce]:
     """Every sum all-reduce the matcher knows, in graph order.
 
     Raises ValueError (naming the op and argument) when a registered stack op's
     group cannot be resolved: bad input fails at preparation, on every rank.
     """
-    stacks = {s.op: s for s in registered()}
+    stacks = _stacks()
     out: list[Reduce] = []
     for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        if node.target == c10d.all_reduce.default:
-            waits = [u for u in node.users if u.target == c10d.wait_tensor.default]
-            if len(waits) != 1 or len(node.users) != 1:
-                continue
-            r = Reduce(node.args[0], waits[0], [waits[0], node], "c10d", str(node.args[2]), str(node.args[2]))
-            if node.args[1] != "sum":
-                r.skip = f"all_reduce op is {node.args[1]!r}, not sum"
-            out.append(r)
-        elif node.target in stacks and not stacks[node.target].inplace:
-            spec = stacks[node.target]
-            out.append(_resolve(Reduce(node.args[0], node, [node], "stack", None,
-                                       str(_stack_arg(node, spec, spec.group_arg)), spec)))
-        elif node.target in _AUTO_FUNCTIONALIZED and node.args and node.args[0] in stacks:
-            spec = stacks[node.args[0]]
-            r = _inplace_reduce(node, spec)
-            if r is not None:
-                out.append(_resolve(r) if r.skip is None else r)
+        r = reduce_at(node, stacks)
+        if r is not None:
+            out.append(_resolve(r) if r.stack is not None and r.skip is None else r)
     return out
 
 
@@ -268,57 +280,47 @@ def _inplace_reduce(node: fx.Node, spec: StackAllReduce) -> Reduce | None:
     return r
 
 
-def _tpflare_replicating() -> dict[Any, str]:
+@functools.lru_cache(maxsize=None)
+def _tpflare_replicating() -> dict[Any, int]:
     """tpflare's own ops whose outputs are identical on every rank of their group, by contract
-    (the selection compositions, the id replication, the column gather), and the argument
-    naming the group."""
+    (the selection compositions, the id replication, the column gather), and the position
+    of their ``group_name`` argument."""
     ops = torch.ops.tpflare
     out = {}
     for name in ("select", "select_replicated", "select_owner", "replicate_ids", "column_gather"):
         if hasattr(ops, name):
-            out[getattr(ops, name).default] = "group_name"
+            op = getattr(ops, name).default
+            out[op] = [a.name for a in op._schema.arguments].index("group_name")
     return out
 
 
-def replicating_group(node: fx.Node) -> str | None:
+def replicating_group(node: fx.Node, stacks: dict[Any, StackAllReduce] | None = None) -> str | None:
     """The c10d group over which ``node``'s value is replicated by a collective, else None.
 
-    The result of a sum all-reduce (any spelling), of an all-gather, or of tpflare's
-    selection ops (their ids and scores are replicated exactly).
+    The result of a sum all-reduce (any spelling ``reduce_at`` knows), of an all-gather,
+    or of tpflare's selection ops (their ids and scores are replicated exactly).
     """
     if node.op != "call_function":
         return None
-    mine = _tpflare_replicating()
-    src = node.args[0] if node.target is operator.getitem and node.args else node
-    if isinstance(src, fx.Node) and src.op == "call_function" and src.target in mine:
-        names = [a.name for a in src.target._schema.arguments]
-        i = names.index(mine[src.target])
-        g = src.kwargs.get(mine[src.target], src.args[i] if len(src.args) > i else None)
-        return str(g) if isinstance(g, str) else None
-    if node.target == c10d.wait_tensor.default and isinstance(node.args[0], fx.Node):
-        src = node.args[0]
-        if src.target == c10d.all_reduce.default:
-            return str(src.args[2])
-        if src.target == c10d.all_gather_into_tensor.default:
-            return str(src.args[2])
+    src = node.args[0] if node.target in (operator.getitem, c10d.wait_tensor.default) and node.args else node
+    if not isinstance(src, fx.Node):
         return None
-    stacks = {s.op: s for s in registered()}
-    if node.target in stacks and not stacks[node.target].inplace:
-        spec = stacks[node.target]
+    mine = _tpflare_replicating()
+    if src.target in mine:
+        i = mine[src.target]
+        g = src.kwargs.get("group_name", src.args[i] if len(src.args) > i else None)
+        return str(g) if isinstance(g, str) else None
+    if node.target == c10d.wait_tensor.default and src.target == c10d.all_gather_into_tensor.default:
+        return str(src.args[2])
+    r = reduce_at(src, _stacks() if stacks is None else stacks)
+    if r is None or r.result is not node or r.skip is not None:
+        return None
+    if r.group is None:
         try:
-            return spec.c10d_group(str(_stack_arg(node, spec, spec.group_arg)))
+            _resolve(r)
         except ValueError:
             return None
-    if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
-        af = node.args[0]
-        if af.target in _AUTO_FUNCTIONALIZED and af.args and af.args[0] in stacks:
-            r = _inplace_reduce(af, stacks[af.args[0]])
-            if r is not None and r.result is node and r.skip is None:
-                try:
-                    return _resolve(r).group
-                except ValueError:
-                    return None
-    return None
+    return r.group
 
 
 def emit_all_gather(graph: fx.Graph, x: fx.Node, world: int, r: Reduce) -> fx.Node:
@@ -329,5 +331,5 @@ def emit_all_gather(graph: fx.Graph, x: fx.Node, world: int, r: Reduce) -> fx.No
     return graph.call_function(c10d.wait_tensor.default, (ag,))
 
 
-__all__ = ["register_all_reduce", "unregister_all_reduce", "registered", "Reduce", "find_reduces",
+__all__ = ["register_all_reduce", "unregister_all_reduce", "registered", "Reduce", "reduce_at", "find_reduces",
            "replicating_group", "emit_all_gather", "RegistrationError", "StackAllReduce"]

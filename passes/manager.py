@@ -34,11 +34,9 @@ def _source_files() -> list[Path]:
 
 
 def source_hash() -> str:
-    h = hashlib.sha256()
-    for p in _source_files():
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+    from tpflare.cache.identity import code_identity
+
+    return code_identity(*(p.name.encode() + b"\n" + p.read_bytes() for p in _source_files()))
 
 
 class TpflarePostGradPass(CustomGraphPass):  # type: ignore[misc]

@@ -44,8 +44,14 @@ def _describe(a: Any, local: dict[fx.Node, int]) -> Any:
     return repr(a)
 
 
-def upstream(node: fx.Node, placeholders: dict[fx.Node, int]) -> Upstream:
-    """Walk everything ``node`` is computed from, stopping at replicating collectives."""
+def upstream(node: fx.Node, placeholders: dict[fx.Node, int], order: dict[fx.Node, int] | None = None) -> Upstream:
+    """Walk everything ``node`` is computed from, stopping at replicating collectives.
+
+    ``order`` (node -> position in the graph) may be passed by a caller that walks
+    from many sites of one graph, so the graph is enumerated once.
+    """
+    stacks = {spec.op: spec for spec in collectives.registered()}
+    boundary: dict[fx.Node, str] = {}    # replicating collectives met, and their group
     seen: set[fx.Node] = set()
     stack = [node]
     region: list[fx.Node] = []
@@ -57,9 +63,10 @@ def upstream(node: fx.Node, placeholders: dict[fx.Node, int]) -> Upstream:
         if n in seen:
             continue
         seen.add(n)
-        g = collectives.replicating_group(n)
+        g = collectives.replicating_group(n, stacks)
         if g is not None:
             groups.add(g)
+            boundary[n] = g
             region.append(n)
             continue
         region.append(n)
@@ -74,15 +81,16 @@ def upstream(node: fx.Node, placeholders: dict[fx.Node, int]) -> Upstream:
         if torch.Tag.nondeterministic_seeded in tags:
             blocker = blocker or f"random op {target} upstream"
         stack.extend(n.all_input_nodes)
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    if order is None:
+        order = {n: i for i, n in enumerate(node.graph.nodes)}
     region.sort(key=order.__getitem__)
     local = {n: i for i, n in enumerate(region)}
     h = hashlib.sha256()
     for n in region:
         if n.op == "placeholder":
             item: Any = ("input", placeholders[n])
-        elif n in local and collectives.replicating_group(n) is not None:
-            item = ("replicated", str(n.target), collectives.replicating_group(n))
+        elif n in boundary:
+            item = ("replicated", str(n.target), boundary[n])
         else:
             item = (n.op, str(n.target), _describe(n.args, local), _describe(n.kwargs, local))
         h.update(repr(item).encode())

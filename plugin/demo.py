@@ -51,11 +51,22 @@ BF16 = torch.bfloat16
 
 
 # --- numerics helpers (shared with bench/latent_numerics.py) -------------------------------------
-def correctly_rounded_bf16(ref: torch.Tensor) -> torch.Tensor:
-    """float64 -> BF16 with one round-to-nearest-even (``.to(bfloat16)`` goes through float32)."""
+_SIGNIFICAND_BITS = {torch.bfloat16: 8, torch.float16: 11}
+
+
+def correctly_rounded(ref: torch.Tensor, dtype: torch.dtype = BF16) -> torch.Tensor:
+    """float64 -> ``dtype`` with one round-to-nearest-even (``.to(bfloat16)`` goes through
+    float32, so it may round twice).  BF16 / FP16 in their normal range; FP32 by a direct cast."""
+    if dtype == torch.float32:
+        return ref.double().to(torch.float32)       # a double -> float cast rounds once
+    scale = float(2 ** _SIGNIFICAND_BITS[dtype])
     m, e = torch.frexp(ref.double())                 # ref = m * 2**e, |m| in [0.5, 1)
-    q = torch.round(m * 256.0) / 256.0               # 8 significant bits; round half to even
-    return torch.ldexp(q, e.double()).to(BF16)       # exact: representable in BF16
+    q = torch.round(m * scale) / scale               # the dtype's significant bits; half to even
+    return torch.ldexp(q, e.double()).to(dtype)      # exact: representable in dtype
+
+
+def correctly_rounded_bf16(ref: torch.Tensor) -> torch.Tensor:
+    return correctly_rounded(ref, BF16)
 
 
 def rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -249,13 +249,14 @@ class LatentGatherCompiler:
         mapping_problem = match_inputs(fakes, self._flat)
         allowed = {d.strip() for d in st.latent_gather_dtypes.split(",") if d.strip()}
         states: dict[int, tuple] = {}        # one hash per graph input, however many sites read it
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
         out = []
         for s in sites:
             rec: dict[str, Any] = dict(name=s.name, group=s.group, sig=(s.reduce.spelling, s.group, s.n,
                                        s.k_shard, s.layout, s.bias is not None, str(s.dtype)))
             rec["skip"] = s.skip or self._static_gate(s, st, is_inference, allowed, mapping_problem)
             if rec["skip"] is None:
-                rec.update(self._replication(s, upstream, index, st, states))
+                rec.update(self._replication(s, upstream, index, order, st, states))
                 rec.update(self._row_source(s, index))
                 rec["rows_hint"] = str(_hint(s.rows()))
             out.append(rec)
@@ -278,9 +279,9 @@ class LatentGatherCompiler:
             return f"cannot map the graph's inputs to the model's tensors ({mapping_problem})"
         return _rows_gate(s, st.latent_gather_min_rows)
 
-    def _replication(self, s, upstream, index, st, memo: dict[int, tuple]) -> dict[str, Any]:
+    def _replication(self, s, upstream, index, order, st, memo: dict[int, tuple]) -> dict[str, Any]:
         """What this rank knows about whether ``x_full`` (and a bias/W's bias) is replicated."""
-        ups = [upstream(s.x_full, index)] + ([upstream(s.bias, index)] if s.bias is not None else [])
+        ups = [upstream(v, index, order) for v in (s.x_full, s.bias) if v is not None]
         blocker = next((u.blocker for u in ups if u.blocker), None)
         site_ranks = set(group_ranks(s.group))
         for u in ups:
