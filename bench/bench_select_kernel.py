@@ -40,6 +40,7 @@ GRIDS = {
     "full": [(n, q) for q in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) for n in (16384,)]
     + [(n, q) for n in (8192, 32768, 65536, 131072) for q in (1, 8, 64, 256, 1024)],
     "small": [(16384, q) for q in (1, 8, 64, 256, 1024)] + [(n, q) for n in (32768, 131072) for q in (1, 64)],
+    "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
 }
 
 
@@ -91,11 +92,15 @@ def time_graph(fn, sets, reps: int, replays: int) -> float:
 
 def variants(q: int, n: int) -> dict:
     """Options of the production paths timed with --variants (names -> triton_ordered_select kwargs)."""
-    v = {"row": dict(path="row"), "staged": dict(path="staged"),
-         "row_rank": dict(path="row", order="rank"), "row_sort": dict(path="row", order="sort")}
+    v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort")}
+    if q <= 64:
+        v.update(staged=dict(path="staged"), staged_bucket=dict(path="staged", order="bucket"),
+                 staged_sort=dict(path="staged", order="sort"), row_rank=dict(path="row", order="rank"))
     if q <= 8:
-        v["staged_sort"] = dict(path="staged", order="sort")
         v["staged_unfused"] = dict(path="staged", staged=dict(fuse=False))
+    if q >= 64:  # row kernel tiles: registers with 8 warps, or chunks re-read with 4 / 8 warps
+        v.update(row_w8=dict(num_warps=8), row_w32=dict(num_warps=32), row_c4=dict(resident=False, num_warps=4, chunk=1024),
+                 row_c8=dict(resident=False, num_warps=8, chunk=2048), row_c16=dict(resident=False, num_warps=16, chunk=4096))
     return v
 
 

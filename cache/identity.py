@@ -137,6 +137,7 @@ SELECTION_MODULES = (
     "tpflare.ops.ordering",
     "tpflare.ops.select_kernel",
     "tpflare.ops.select_staged",
+    "tpflare.ops.select_finish",
     "tpflare.ops.radix",
     "tpflare.distributed",
     "tpflare.errors",

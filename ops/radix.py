@@ -199,6 +199,123 @@ def _decode_runs_kernel(key_ptr, pos_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_
     tl.store(osc_ptr + row * s_os + dest, out_sc, mask=mk)
 
 
+ORDER_SCRATCH = tl.constexpr(9)  # int32 scratch a row of order_row, in units of KB (8-byte aligned rows)
+SPLIT = tl.constexpr(16)  # order_row splits buckets again when the largest holds more winners than this
+
+
+@triton.jit
+def _bit_length(x):
+    # bits of a non-negative int64 from its float64 exponent (a rounding up gives one more: safe)
+    e = ((x.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1022
+    return tl.where(x > 0, e, 0)
+
+
+@triton.jit
+def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr, LEVEL2: tl.constexpr):
+    # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
+    # past them. Bucket rank: the winners' packed keys span [lo, hi]; a shift maps hi - key to
+    # one of KB buckets (bucket 0 = the largest keys); an atomic count a winner gives the bucket
+    # sizes and each winner a slot in its bucket (any order); a scan of the sizes gives the
+    # buckets' output offsets. When a bucket holds more than SPLIT winners (keys in clusters:
+    # a tie group and a few others), every bucket splits again the same way over its own key
+    # range into as many sub-buckets as it has winners, laid out in its own output range, so
+    # one scan over all of them gives every sub-bucket's offset. A winner's rank in its
+    # (sub-)bucket counts the members before it: a larger key, or an equal key at an earlier
+    # position. Work: KB winners x the largest (sub-)bucket. z_row: ORDER_SCRATCH x KB int32.
+    # Without LEVEL2 (the row kernel: the second level's code costs it registers at every row)
+    # a row whose largest bucket holds more than SPLIT winners is left unordered; returns 1
+    # then (the caller has _bucket_kernel order it), else 0.
+    j = tl.arange(0, KB)
+    live = j < nsel
+    key = tl.load(wk_row + j, mask=live, other=-1)
+    o = tl.load(wo_row + j, mask=live, other=0)
+    hi = tl.max(tl.where(live, key, -1), 0)
+    lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
+    sh = _bit_length(tl.maximum(hi - lo, 0) // KB)
+    bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
+    tl.store(z_row + j, tl.zeros([KB], dtype=tl.int32))
+    tl.debug_barrier()
+    slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+    tl.debug_barrier()
+    c = tl.load(z_row + j, cache_modifier=".cg")
+    tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
+    big = tl.max(c, 0)
+    tl.debug_barrier()
+    off = tl.load(z_row + KB + bkt, mask=live, other=0, cache_modifier=".cg")
+    cb = tl.load(z_row + bkt, mask=live, other=0, cache_modifier=".cg")
+    if LEVEL2 and big > SPLIT:  # second level over each bucket's own key range
+        c2 = z_row + 3 * KB
+        o2 = z_row + 4 * KB
+        yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
+        yl = yh + KB
+        tl.store(c2 + j, tl.zeros([KB], dtype=tl.int32))
+        tl.store(yh + j, tl.full([KB], -1, tl.int64))
+        tl.store(yl + j, tl.full([KB], 9223372036854775807, tl.int64))
+        tl.debug_barrier()
+        tl.atomic_max(yh + bkt, key, mask=live, sem="relaxed", scope="cta")
+        tl.atomic_min(yl + bkt, key, mask=live, sem="relaxed", scope="cta")
+        tl.debug_barrier()
+        bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
+        bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
+        sh2 = _bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
+        sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)  # < off + cb
+        slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+        tl.debug_barrier()
+        cc = tl.load(c2 + j, cache_modifier=".cg")
+        tl.store(o2 + j, tl.cumsum(cc, 0) - cc)
+        big = tl.max(cc, 0)
+        tl.debug_barrier()
+        cb = tl.load(c2 + sub, mask=live, other=0, cache_modifier=".cg")
+        off = tl.load(o2 + sub, mask=live, other=0, cache_modifier=".cg")
+    lim = KB + 1 if LEVEL2 else SPLIT
+    if big <= lim:
+        _rank_in_buckets(wk_row, wv_row, wo_row, z_row, oid_row, osc_row, K, j, live, key, o, off, cb, slot, big, KB)
+    return (big > lim).to(tl.int32)
+
+
+@triton.jit
+def _rank_in_buckets(wk_row, wv_row, wo_row, z_row, oid_row, osc_row, K, j, live, key, o, off, cb, slot, big,
+                     KB: tl.constexpr):
+    # order_row's last step: a winner's output slot is its bucket's offset plus the members of
+    # its bucket before it
+    r = tl.zeros([KB], dtype=tl.int32)
+    if big > 1:
+        lst = z_row + 2 * KB
+        tl.store(lst + off + slot, j, mask=live)
+        tl.debug_barrier()
+        for t in range(0, big):
+            mt = live & (t < cb)
+            jo = tl.load(lst + off + t, mask=mt, other=0, cache_modifier=".cg")
+            ko = tl.load(wk_row + jo, mask=mt, other=-1)
+            oo = tl.load(wo_row + jo, mask=mt, other=0)
+            r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
+    dest = tl.where(live, off + r, j)
+    val = tl.load(wv_row + j, mask=live, other=-8388608)
+    mk = dest < K
+    tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
+    tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+
+
+@generic_jit
+def _bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, flag_ptr, K, s_oi, s_os,
+                   KB: tl.constexpr, CHECK: tl.constexpr):
+    # grid (Q,): order_row, both levels, for each row of W (CHECK: only the rows whose flag the
+    # row kernel set, those it left unordered)
+    row = tl.program_id(0).to(tl.int64)
+    go = 1
+    if CHECK:
+        go = tl.load(flag_ptr + row)
+    if go != 0:
+        order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
+                  z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, True)
+
+
+def order_flagged(wk, wv, wo, cnt, z, flags, out_ids, out_sc, k: int, kb: int):
+    """Order the rows the row kernel left unordered (``flags`` set: a crowded bucket)."""
+    _bucket_kernel[(out_ids.shape[0],)](wk, wv, wo, cnt, z, out_ids, out_sc, flags, k, out_ids.stride(0),
+                                        out_sc.stride(0), KB=kb, CHECK=True, num_warps=max(1, min(8, kb // 256)))
+
+
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:
     """One allocation: W keys (int64 ``[Q, KB]``), W score bits, W positions (int32), the winner
     count a row, then ``extra`` int32 a row for the caller (the staged path's in-play list)."""
@@ -215,14 +332,15 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     """Write the ordered winners of W to ``out_ids``/``out_sc`` ``[Q, k]``, pads past them.
 
     ``order``: ``"rank"`` (rank kernel; default up to ``RANK_MAX_ROWS`` rows: its work grows as
-    ``Q k^2``) or ``"sort"`` (``torch.sort`` of the keys, then a decode that puts runs of equal
-    keys in position order). The producers fill W's empty slots with key -1.
+    ``Q k^2``), ``"bucket"`` (one program a row, ``order_row``; the default beyond) or
+    ``"sort"`` (``torch.sort`` of the keys, then a decode that puts runs of equal keys in
+    position order). The producers fill W's empty slots with key -1.
     """
     from .select_staged import RANK_MAX_ROWS, rank_tile
 
     q = out_ids.shape[0]
     if order is None:
-        order = "rank" if q <= RANK_MAX_ROWS else "sort"
+        order = "rank" if q <= RANK_MAX_ROWS else "bucket"
     if order == "rank":
         sl, jb = rank_tile(q, kb, n_sm)
         if rank_rows is not None:
@@ -234,6 +352,10 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
         key, pos = torch.sort(wk.view(q, kb), dim=1, descending=True)
         _decode_runs_kernel[(q,)](key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
                                   KB=kb, num_warps=max(1, min(8, kb // 256)))
+    elif order == "bucket":
+        z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=wk.device)
+        _bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, cnt, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
+                             CHECK=False, num_warps=max(1, min(8, kb // 256)))
     else:
-        raise ValueError(f"order must be rank or sort, got {order!r}")
+        raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     return out_ids, out_sc

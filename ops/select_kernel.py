@@ -73,6 +73,8 @@ MAX_CANDIDATES = 131072
 MAX_K = 2048
 PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
+STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
+STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX candidates
 
 try:  # Triton is optional: the module must import on CPU-only machines.
     import triton
@@ -108,12 +110,13 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     """The staged path (a row over many programs) or the one-program-a-row kernel.
 
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
-    serving runs the selection): the staged path is faster up to 8 rows, and up to 64 rows when
-    a row does not fit in the row kernel's registers; beyond, its global histogram (atomics on a
-    few hot bins) costs more than the row kernel. The choice does not depend on whether a
-    stream is capturing, so the first call outside capture compiles what capture will launch.
+    serving runs the selection): the staged path is faster up to 4 rows, and up to 32 rows when
+    a row does not fit in the row kernel's registers (its time then grows with the row's
+    length, while the staged path spreads the row); beyond, the staged path's global histogram
+    (atomics on a few hot bins) costs more. The choice does not depend on whether a stream is
+    capturing, so the first call outside capture compiles what capture will launch.
     """
-    if q <= 8 or (n > RESIDENT_MAX and q <= 64):
+    if q <= STAGED_MAX_ROWS or (n > RESIDENT_MAX and q <= STAGED_MAX_ROWS_LONG):
         return "staged"
     return "row"
 
@@ -145,126 +148,107 @@ def _row_config(n: int, num_warps=None, chunk=None, resident=None):
 
 
 if _HAVE_TRITON:
-    from .radix import (digit, extend, fill_empty, generic_jit, load_chunk, order_winners, packed_key,
-                        pick_digit, prefix_is, score_key, winner_workspace)
+    from .radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_flagged, order_row, order_winners, packed_key,
+                        pick_digit, score_key, winner_workspace)
+    from .select_finish import finish_row
 
     @triton.jit
-    def _chunked_histogram(sc_row, id_row, N, T, t, p, D: tl.constexpr, CHUNK: tl.constexpr, IDS: tl.constexpr):
-        # histogram of digit p, over the row re-read in chunks, of the score keys of the
-        # valid candidates (IDS=False) or of the id keys (0x7fffffff - id) of the candidates
-        # whose score key is T (IDS=True), among those whose higher digits equal t
-        h = tl.zeros([1 << D], dtype=tl.int32)
+    def _top12(s):
+        # the first 12 bits of the score key (sign, exponent, 3 mantissa bits) as an unsigned
+        # number: negative keys below positive ones
+        return ((s >> 20) & 0xFFF) ^ 0x800
+
+    @triton.jit
+    def _top12_valid(s):
+        # _top12 of a valid candidate, -1 for an invalid one
+        return tl.where(s != -2147483648, _top12(s), -1)
+
+    @triton.jit
+    def _digit_hist(u, d1, PASS: tl.constexpr):
+        # histogram of the first (PASS 0: bits 11..6 of u) or second (PASS 1: bits 5..0, among
+        # the candidates whose first digit is d1) 6-bit digit of the top-12 bits u (-1: invalid)
+        if PASS == 0:
+            return tl.histogram(u >> 6, 64, mask=u >= 0)
+        return tl.histogram(u & 63, 64, mask=(u >> 6) == d1)
+
+    @triton.jit
+    def _chunk_hist(sc_row, id_row, N, d1, CHUNK: tl.constexpr, PASS: tl.constexpr):
+        h = tl.zeros([64], dtype=tl.int32)
         for c0 in range(0, N, CHUNK):
             b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
-            sc = score_key(b, i)
-            if IDS:
-                m = sc == T
-                x = 2147483647 - tl.maximum(i, 0)
-            else:
-                m = sc != -2147483648
-                x = sc
-            m = m & prefix_is(x, t, p, D)
-            h += tl.histogram(digit(x, p, D), 1 << D, mask=m)
+            h += _digit_hist(_top12_valid(score_key(b, i)), d1, PASS)
         return h
 
+    @triton.jit
+    def _compact(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, wbase, pbase):
+        # candidates above the 12-bit cutoff prefix P to W, those on it to P (in play), or to
+        # W too when all of them are needed; one scan for both counts (a tile holds < 2**16)
+        u = _top12(s)
+        valid = s != -2147483648
+        on = valid & (u == P)
+        win = valid & ((u > P) | (on & (all_in != 0)))
+        play = on & (all_in == 0)
+        packed = win.to(tl.int32) + (play.to(tl.int32) << 16)
+        incl = tl.cumsum(packed, 0)
+        wslot = wbase + (incl & 0xFFFF) - 1
+        tl.store(wk_row + wslot, packed_key(s, 2147483647 - tl.maximum(i, 0)), mask=win)
+        tl.store(wv_row + wslot, b, mask=win)
+        tl.store(wo_row + wslot, o, mask=win)
+        tl.store(p_row + pbase + (incl >> 16) - 1, o, mask=play)
+        tot = tl.sum(packed, 0)
+        return wbase + (tot & 0xFFFF), pbase + (tot >> 16)
+
     @generic_jit
-    def _row_kernel(sc_ptr, id_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
+    def _row_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, flag_ptr,
+                    N, K, s_sq, s_iq, s_oi, s_os,
                     BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
-                    D: tl.constexpr):
-        # grid (Q,): one program a row; its winners go unordered to W (radix.order_winners)
+                    D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
+                    ORDER: tl.constexpr):
+        # grid (Q,): one program a row. Two 6-bit histogram passes find the 12-bit prefix of the
+        # cutoff; one compaction sends the candidates above it to W and those on it to P; the
+        # finish picks the still-needed winners in P; ORDER: the program orders its winners too
+        # (one level of buckets; a row it leaves to radix.order_flagged gets its flag set)
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
         wk_row = wk_ptr + row * KB
-        NB: tl.constexpr = 1 << D  # bins of a digit
-        NP: tl.constexpr = (32 + D - 1) // D  # digits of a 32-bit key
-        bins = tl.arange(0, NB)
-
-        # ---- phase 1: radix select of the nsel-th largest score key --------------
-        # after it: T = the cutoff score key; rem of the cnt candidates with s == T are needed
-        if RESIDENT:  # the row's score keys stay in registers for every pass
-            offs = tl.arange(0, BLOCK)
-            inb = offs < N
-            bits = tl.load(sc_row + offs, mask=inb, other=0.0).to(tl.int32, bitcast=True)
-            s = score_key(bits, tl.load(id_row + offs, mask=inb, other=-1))
-            nvalid = tl.sum((s != -2147483648).to(tl.int32), 0)
-            nsel = tl.minimum(nvalid, K)
-            rem = nsel
-            t = nsel * 0
-            cnt = nvalid
-            for p in range(NP):
-                if rem < cnt:  # the cutoff is still inside the candidates in play: one more digit
-                    d = tl.where(prefix_is(s, t, p, D), digit(s, p, D), 0)
-                    # every key not in play (invalid, or another prefix) landed in bin 0: take them out
-                    h = tl.histogram(d, NB)
-                    h = tl.where(bins == 0, h - (BLOCK - cnt), h)
-                    dd, above, cnt = pick_digit(h, rem, NB)
-                    rem = rem - above
-                    t = extend(t, dd, p, D)
-                else:  # all of them are needed: T is the smallest key with the prefix t
-                    t = extend(t, t * 0, p, D)
-        else:  # chunks re-read from memory (L2) on every pass
-            nvalid = tl.zeros((), tl.int32)
+        wv_row = wv_ptr + row * KB
+        wo_row = wo_ptr + row * KB
+        p_row = p_ptr + row * N
+        if RESIDENT:  # the row stays in registers for every pass
+            b, i = load_chunk(sc_row, id_row, 0, N, BLOCK)
+            s = score_key(b, i)
+            u = _top12_valid(s)
+            h1 = _digit_hist(u, 0, 0)
+        else:
+            h1 = _chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
+        nsel = tl.minimum(tl.sum(h1, 0), K)
+        d1, ab1, c1 = pick_digit(h1, nsel, 64)
+        if RESIDENT:
+            h2 = _digit_hist(u, d1, 1)
+        else:
+            h2 = _chunk_hist(sc_row, id_row, N, d1, CHUNK, 1)
+        d2, ab2, m = pick_digit(h2, nsel - ab1, 64)
+        above = ab1 + ab2
+        all_in = (nsel - above == m).to(tl.int32)
+        P = (d1 << 6) | d2
+        if RESIDENT:
+            _compact(s, b, i, tl.arange(0, BLOCK), P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0)
+        else:
+            wbase = nsel * 0
+            pbase = nsel * 0
             for c0 in range(0, N, CHUNK):
-                b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
-                nvalid += tl.sum((i >= 0).to(tl.int32), 0)
-            nsel = tl.minimum(nvalid, K)
-            rem = nsel
-            t = nsel * 0
-            cnt = nvalid
-            for p in range(NP):
-                if rem < cnt:
-                    h = _chunked_histogram(sc_row, id_row, N, 0, t, p, D, CHUNK, False)
-                    dd, above, cnt = pick_digit(h, rem, NB)
-                    rem = rem - above
-                    t = extend(t, dd, p, D)
-                else:
-                    t = extend(t, t * 0, p, D)
-        T = t
-
-        # ---- phase 2 (ties at the cutoff score): radix select on the ids ---------
-        V = nsel * 0 - 1  # id-key cutoff: -1 takes every tied candidate
-        rem2 = nsel * 0
-        if rem < cnt:
-            vt = nsel * 0
-            r2 = rem
-            c2 = cnt
-            for p in range(NP):
-                if r2 < c2:
-                    h2 = _chunked_histogram(sc_row, id_row, N, T, vt, p, D, CHUNK, True)
-                    dd2, above2, c2 = pick_digit(h2, r2, NB)
-                    r2 = r2 - above2
-                    vt = extend(vt, dd2, p, D)
-                else:  # V is the smallest id key with the prefix vt: every tied one above is needed
-                    vt = extend(vt, vt * 0, p, D)
-            V = vt
-            rem2 = r2  # candidates with s == T and id key == V still needed, in position order
-
-        # ---- compaction: winners to consecutive workspace slots, in position order ----
-        abase = nsel * 0  # definite winners so far
-        tbase = nsel * 0  # (s == T, id key == V) candidates seen so far
-        for c0 in range(0, N, CHUNK):
-            b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
-            sk = score_key(b, i)
-            v = 2147483647 - tl.maximum(i, 0)
-            tie = (sk == T) & (sk != -2147483648)
-            a = ((sk > T) | (tie & (v > V))).to(tl.int32)  # sk > T implies valid
-            dup = (tie & (v == V)).to(tl.int32)
-            packed = a + (dup << 16)  # one scan for both counts (a chunk holds < 2**16)
-            incl = tl.cumsum(packed, 0)
-            a_incl = incl & 0xFFFF
-            d_incl = tbase + (incl >> 16)
-            take = (a != 0) | ((dup != 0) & (d_incl <= rem2))
-            slot = abase + a_incl + tl.minimum(d_incl, rem2) - 1
-            tot = tl.sum(packed, 0)
-            abase += tot & 0xFFFF
-            tbase += tot >> 16
-            wmask = take & (slot < KB)
-            tl.store(wk_row + slot, packed_key(sk, v), mask=wmask)
-            tl.store(wv_ptr + row * KB + slot, b, mask=wmask)
-            tl.store(wo_ptr + row * KB + slot, c0 + tl.arange(0, CHUNK), mask=wmask)
-        fill_empty(wk_row, nsel, KB)
-        tl.store(cnt_ptr + row, nsel)
+                bc, ic = load_chunk(sc_row, id_row, c0, N, CHUNK)
+                wbase, pbase = _compact(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in,
+                                        wk_row, wv_row, wo_row, p_row, wbase, pbase)
+        tl.debug_barrier()  # P and W, written by the program's threads, read by others below
+        finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+                   KB, D, CH, FR1, FR2)
+        if ORDER:
+            tl.debug_barrier()
+            flag = order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
+                             osc_ptr + row * s_os, K, KB, False)
+            tl.store(flag_ptr + row, flag)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
@@ -272,12 +256,11 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     with one plan share every compiled kernel (the shapes themselves are runtime values)."""
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
-    order = "rank" if q <= select_staged.RANK_MAX_ROWS else "sort"
+    if path == "row":  # the row kernel orders its own winners
+        return (path, kb, "bucket") + _row_config(n)
+    order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
     tile = select_staged.rank_tile(q, kb, n_sm) if order == "rank" else ()
-    if path == "staged":
-        return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm)
-    block, nw, chunk, resident = _row_config(n)
-    return (path, kb, order) + tile + (block, nw, chunk, resident)
+    return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm)
 
 
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
@@ -317,8 +300,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
             path = "staged" if staged else choose_path(q, n, k, n_sm)
     if path not in ("row", "staged"):
         raise ValueError(f"path must be row or staged, got {path!r}")
-    if order not in (None, "rank", "sort"):
-        raise ValueError(f"order must be rank or sort, got {order!r}")
+    if order not in (None, "rank", "bucket", "sort"):
+        raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     if path == "staged" and any(o is not None for o in row_opts):
         raise ValueError("row kernel options given with path='staged'")
     if path == "row" and staged:
@@ -338,9 +321,18 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if path == "staged":
         return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, order=order, **dict(staged or {}))
     block, nw, chunk, resident = _row_config(n, num_warps, chunk, resident)
-    wk, wv, wo, cnt, _ = winner_workspace(q, kb, 0, scores.device)
-    _row_kernel[(q,)](scores, ids, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
-                      BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident, D=radix_bits, num_warps=nw)
+    fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
+    wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
+    z = torch.empty((q * ORDER_SCRATCH.value * kb + q,) if fused else (1,), dtype=torch.int32, device=scores.device)
+    flags = z[q * ORDER_SCRATCH.value * kb:]
+    fr2 = select_staged.FIN_TIERS[1]
+    _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, flags, n, k, scores.stride(0), ids.stride(0),
+                      out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
+                      D=radix_bits, CH=2048, FR1=min(select_staged.FIN_TIERS[0], fr2), FR2=fr2, ORDER=fused,
+                      num_warps=nw)
+    if fused:
+        order_flagged(wk, wv, wo, cnt, z, flags, out_ids, out_sc, k, kb)
+        return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order)
 
 

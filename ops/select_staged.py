@@ -58,7 +58,7 @@ __all__ = ["staged_select", "plan", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS
 
 HIST_BITS = 12  # width of the first digit: 4096 bins of the global histogram
 _ZS = (1 << HIST_BITS) + 4  # row stride of the zeroed workspace: histogram, winner count, in-play count
-RANK_MAX_ROWS = 8  # up to this many rows the rank kernel orders the winners (radix.order_winners)
+RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners (radix.order_winners)
 FUSE_MAX_ROWS = 3  # up to this many rows the last compact program finishes the row (no finish kernel)
 FIN_TIERS = (1024, 4096)  # in-play candidates the finish holds in registers (the smaller that holds P)
 
@@ -93,7 +93,8 @@ def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None)
 
 
 if _HAVE_TRITON:
-    from .radix import digit, extend, fill_empty, generic_jit, load_chunk, packed_key, pick_digit, prefix_is, score_key
+    from .radix import generic_jit, load_chunk, packed_key, pick_digit, score_key
+    from .select_finish import finish_row
 
     @triton.jit
     def _top_digit(s, HB: tl.constexpr):
@@ -156,137 +157,8 @@ if _HAVE_TRITON:
             ticket = tl.atomic_add(z_row + (1 << HB) + 2, 1, sem="acq_rel", scope="gpu")
             if ticket == tl.num_programs(1) - 1:
                 # the cutoff scan above holds for the whole row: the finish reuses it
-                _finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
-                            nsel, above, m, KB, D, CH, FR1, FR2)
-
-    @triton.jit
-    def _load_play(p_row, sc_row, id_row, j, m):
-        # the in-play candidates at slots j of P: mask, position, score bits, id, score key
-        mj = j < m
-        o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P is written by other programs
-        b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
-        i = tl.load(id_row + o, mask=mj, other=0)
-        return mj, o, b, i, score_key(b, i)
-
-    @triton.jit
-    def _phase_key(s, i, o, mj, T, V, mode):
-        # the radix key of a finish phase and whether a candidate takes part in it (mode, a
-        # runtime value: 0 the score key; 1 the inverted id among score key T; 2 the inverted
-        # position among score key T and inverted id V)
-        v = 2147483647 - i
-        x = tl.where(mode == 0, s, tl.where(mode == 1, v, 2147483647 - o))
-        inm = mj & ((mode == 0) | (s == T)) & ((mode <= 1) | (v == V))
-        return x, inm
-
-    @triton.jit
-    def _play_key(p_row, sc_row, id_row, j, m, T, V, mode):
-        mj, o, b, i, s = _load_play(p_row, sc_row, id_row, j, m)
-        return _phase_key(s, i, o, mj, T, V, mode)
-
-    @triton.jit
-    def _play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH: tl.constexpr):
-        lo = tl.full((), 2147483647, tl.int32)
-        hi = tl.full((), -2147483648, tl.int32)
-        for c0 in range(0, m, CH):
-            x, inm = _play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode)
-            lo = tl.minimum(lo, tl.min(tl.where(inm, x, 2147483647), 0))
-            hi = tl.maximum(hi, tl.max(tl.where(inm, x, -2147483648), 0))
-        return lo, hi
-
-    @triton.jit
-    def _play_hist(p_row, sc_row, id_row, m, T, V, t, p, D: tl.constexpr, mode, CH: tl.constexpr):
-        h = tl.zeros([1 << D], dtype=tl.int32)
-        for c0 in range(0, m, CH):
-            x, inm = _play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode)
-            h += tl.histogram(digit(x, p, D), 1 << D, mask=inm & prefix_is(x, t, p, D))
-        return h
-
-    @triton.jit
-    def _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.constexpr):
-        si = sel.to(tl.int32)
-        slot = base + tl.cumsum(si, 0) - 1
-        tl.store(wk_ptr + row * KB + slot, packed_key(s, v), mask=sel)
-        tl.store(wv_ptr + row * KB + slot, b, mask=sel)
-        tl.store(wo_ptr + row * KB + slot, o, mask=sel)
-        return base + tl.sum(si, 0)
-
-    @triton.jit
-    def _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                        KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, RES: tl.constexpr,
-                        FR: tl.constexpr):
-        # need of the m in-play candidates, appended to W from slot above. Up to three phases
-        # (a runtime loop: one copy of the radix select's code), each a radix select over the
-        # candidates the previous one left tied: the cutoff score key T, then (ties at T) the id
-        # key V, then (duplicates at T, V) the position key W. RES: P is held in FR registers
-        # (one load); else every pass re-reads chunks of CH.
-        if RES:
-            mj, o, b, i, s = _load_play(p_row, sc_row, id_row, tl.arange(0, FR), m)
-        T = need * 0
-        V = T - 1  # -1: every candidate with score key T is taken
-        W = T  # 0: every duplicate (score key T, id key V) is taken
-        rem = need
-        cnt = m
-        for mode in range(3):
-            if rem < cnt:  # more candidates tie in this phase's key than are wanted
-                if RES:
-                    x, inm = _phase_key(s, i, o, mj, T, V, mode)
-                    lo = tl.min(tl.where(inm, x, 2147483647), 0)
-                    hi = tl.max(tl.where(inm, x, -2147483648), 0)
-                else:
-                    lo, hi = _play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH)
-                t = rem * 0
-                for p in range((32 + D - 1) // D):
-                    if rem < cnt:
-                        # every candidate in play shares this digit (and those above): no pass needed
-                        if ((lo ^ hi) >> tl.maximum(32 - D * (p + 1), 0)) == 0:
-                            t = extend(t, digit(hi, p, D), p, D)
-                        else:
-                            if RES:
-                                h = tl.histogram(digit(x, p, D), 1 << D, mask=inm & prefix_is(x, t, p, D))
-                            else:
-                                h = _play_hist(p_row, sc_row, id_row, m, T, V, t, p, D, mode, CH)
-                            dd, above_d, cnt = pick_digit(h, rem, 1 << D)
-                            rem = rem - above_d
-                            t = extend(t, dd, p, D)
-                    else:  # all of them are wanted: the cutoff is the smallest key with the prefix t
-                        t = extend(t, t * 0, p, D)
-                T = tl.where(mode == 0, t, T)
-                V = tl.where(mode == 1, t, V)
-                W = tl.where(mode == 2, t, W)
-        if RES:
-            v = 2147483647 - i
-            sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
-            _store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
-        else:
-            base = above
-            for c0 in range(0, m, CH):
-                mc, oc, bc, ic, sc = _load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m)
-                vc = 2147483647 - ic
-                sel = mc & ((sc > T) | ((sc == T) & ((vc > V) | ((vc == V) & ((2147483647 - oc) >= W)))))
-                base = _store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB)
-
-    @triton.jit
-    def _finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-                    KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr):
-        # one program: pick the winners still needed among the row's in-play list P (nsel winners,
-        # above of them above the cutoff bin, m candidates in it: the row's cutoff scan)
-        tl.store(cnt_ptr + row, nsel)
-        need = nsel - above
-        sc_row = sc_ptr + row * s_sq
-        id_row = id_ptr + row * s_iq
-        p_row = p_ptr + row * N
-        if need < m:  # (need == m: compact took every candidate of the cutoff bin)
-            # register tiers (the smaller that holds P), else chunks re-read on every pass
-            if m <= FR1:
-                _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                                KB, D, CH, True, FR1)
-            elif m <= FR2:
-                _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                                KB, D, CH, True, FR2)
-            else:
-                _finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                                KB, D, CH, False, FR1)
-        fill_empty(wk_ptr + row * KB, nsel, KB)  # for torch.sort: empty slots last
+                finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
+                           nsel, above, m, KB, D, CH, FR1, FR2)
 
     @generic_jit
     def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
@@ -294,8 +166,8 @@ if _HAVE_TRITON:
                        FR1: tl.constexpr, FR2: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
-        _finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-                    KB, D, CH, FR1, FR2)
+        finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+                   KB, D, CH, FR1, FR2)
 
 
 

@@ -234,7 +234,8 @@ def test_against_packed_topk(kind, k, n, path):
         check_equal(run_kernel(scores, ids, k, path=path), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k} {path}")
 
 
-ORDERS = [("row", "rank"), ("row", "sort"), ("staged", "rank"), ("staged", "sort")]
+ORDERS = [("row", "rank"), ("row", "sort"), ("row", "bucket"), ("staged", "rank"), ("staged", "sort"),
+          ("staged", "bucket")]
 
 
 @pytest.mark.parametrize("path,order", ORDERS, ids=[f"{p}-{o}" for p, o in ORDERS])
@@ -246,6 +247,42 @@ def test_final_orderings(kind, path, order):
     scores, ids = make_case(kind, 3, 6144, 2048, seed=5)
     got = run_kernel(scores, ids, 2048, path=path, order=order)
     check_equal(got, ref_packed(scores, ids, 2048), f"{kind} path={path} order={order}")
+
+
+def _clustered(kind: str, q: int, n: int, seed: int):
+    """Winner keys in clusters, where one linear bucket map of the key range fails: two tie
+    groups straddling the cutoff; a tie group with a few far outliers; three tie groups of
+    duplicate ids (only positions tell them apart); equal scores over a narrow id range."""
+    g = torch.Generator().manual_seed(seed)
+    ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 3).to(torch.int32)
+    if kind == "two_groups":
+        scores = torch.where(torch.rand(q, n, generator=g) < 0.6, 1.0, 2.0)
+    elif kind == "outliers":
+        scores = torch.full((q, n), 0.5)
+        scores[:, :7] = torch.tensor([1e30, 3e29, 1e20, 7.0, 6.5, -1.0, float("inf")])
+    elif kind == "dup_groups":
+        scores = torch.randint(0, 3, (q, n), generator=g).float()
+        ids = ids % 97
+    elif kind == "narrow_ids":
+        scores = torch.full((q, n), -2.25)
+        ids = (ids // 3 + 1_000_000).to(torch.int32)
+    else:
+        raise ValueError(kind)
+    return scores.contiguous(), ids.contiguous()
+
+
+@pytest.mark.parametrize("path,order", [("row", None), ("staged", "bucket")], ids=["row", "staged-bucket"])
+@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids"])
+def test_bucket_order_clustered_keys(kind, path, order):
+    """The bucket ordering (radix.order_row) on winners whose keys cluster: its second level
+    splits every crowded bucket over its own key range; exact against both references."""
+    _require_kernel()
+    for q, n, k in ((2, 3000, 1024), (1, 700, 512)):
+        scores, ids = _clustered(kind, q, n, seed=n + k)
+        got = run_kernel(scores, ids, k, path=path, order=order)
+        check_equal(got, ref_packed(scores, ids, k), f"{kind} {path} q={q} n={n} k={k}")
+        if n <= 700:
+            check_equal(got, ref_python(scores, ids, k), f"{kind} {path} python q={q} n={n} k={k}")
 
 
 @pytest.mark.parametrize("resident", [None, False], ids=["default", "chunked"])
@@ -340,7 +377,7 @@ def _compiled_variants() -> int:
     from tpflare.ops import radix, select_staged
 
     fns = [sk._row_kernel, select_staged._hist_kernel, select_staged._compact_kernel, select_staged._finish_kernel,
-           radix._rank_kernel, radix._decode_runs_kernel]
+           radix._rank_kernel, radix._decode_runs_kernel, radix._bucket_kernel]
     return sum(len(c[0]) for f in fns for c in f.device_caches.values())
 
 

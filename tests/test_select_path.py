@@ -4,14 +4,15 @@ from tpflare.ops import select_kernel as sk
 
 
 def test_path_policy():
-    """The staged path for few rows, and for up to 64 rows of more candidates than the row
+    """The staged path for few rows, and for up to 32 rows of more candidates than the row
     kernel holds in registers; the row kernel beyond."""
     assert sk.choose_path(1, 16384, 2048, 132) == "staged"
-    assert sk.choose_path(8, 16384, 2048, 132) == "staged"
-    assert sk.choose_path(9, 16384, 2048, 132) == "row"
+    assert sk.choose_path(4, 16384, 2048, 132) == "staged"
+    assert sk.choose_path(5, 16384, 2048, 132) == "row"
     assert sk.choose_path(64, 16384, 2048, 132) == "row"
-    assert sk.choose_path(64, 32768, 2048, 132) == "staged"
-    assert sk.choose_path(256, 32768, 2048, 132) == "row"
+    assert sk.choose_path(32, 32768, 2048, 132) == "staged"
+    assert sk.choose_path(33, 32768, 2048, 132) == "row"
+    assert sk.choose_path(256, 131072, 2048, 132) == "row"
 
 
 def test_launch_plans_are_shape_generic():
@@ -20,7 +21,8 @@ def test_launch_plans_are_shape_generic():
     assert sk.launch_plan(1, 16384, 2048) == sk.launch_plan(2, 12000, 1025) == sk.launch_plan(3, 9001, 2048)
     assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(1000, 16384, 2048)
     assert sk.launch_plan(100, 40000, 2048) == sk.launch_plan(4096, 131072, 2048)
-    assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(8, 16384, 2048)  # fused finish up to 3 rows
+    assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(4, 16384, 2048)  # fused finish up to 3 rows
+    assert sk.launch_plan(8, 40000, 2048) != sk.launch_plan(4, 40000, 2048)  # rank ordering up to 4 rows
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4097, 2048)  # register tiles 4096 / 16384
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4096, 1024)
 

@@ -1,0 +1,164 @@
+"""The finish of a row's selection, shared by the staged path and the row kernel.
+
+After a first digit has been found, a row's candidates fall in three groups: *winners* above
+the cutoff prefix (already in the winner list ``W``), candidates *in play* (the cutoff prefix:
+their positions are in the list ``P``), and losers. ``finish_row`` picks, in one program, the
+still-needed winners among the ``m`` candidates of ``P`` and appends them to ``W``:
+
+* a radix select on ``P``, held in registers (tiers ``FR1`` / ``FR2``, the smaller that holds
+  ``P``) or re-read in chunks of ``CH`` beyond, with ``D``-bit digits; digits shared by the
+  smallest and the largest key still in play are skipped without a pass;
+* in up to three phases (a runtime loop, one copy of the code): the score key, then (ties at
+  the cutoff score) ``0x7fffffff - id``, then (duplicates: equal score key and id)
+  ``0x7fffffff - position``, so duplicates are taken in position order.
+
+Random scores leave a few hundred candidates in play at 16384 a row; a mass tie puts the
+whole tie group in play (the chunked tier).
+
+Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .radix import digit, extend, fill_empty, packed_key, pick_digit, prefix_is, score_key
+
+__all__ = ["finish_row"]
+
+
+@triton.jit
+def load_play(p_row, sc_row, id_row, j, m):
+    # the in-play candidates at slots j of P: mask, position, score bits, id, score key
+    mj = j < m
+    o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P is written by other programs
+    b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
+    i = tl.load(id_row + o, mask=mj, other=0)
+    return mj, o, b, i, score_key(b, i)
+
+
+@triton.jit
+def phase_key(s, i, o, mj, T, V, mode):
+    # the radix key of a finish phase and whether a candidate takes part in it (mode, a
+    # runtime value: 0 the score key; 1 the inverted id among score key T; 2 the inverted
+    # position among score key T and inverted id V)
+    v = 2147483647 - i
+    x = tl.where(mode == 0, s, tl.where(mode == 1, v, 2147483647 - o))
+    inm = mj & ((mode == 0) | (s == T)) & ((mode <= 1) | (v == V))
+    return x, inm
+
+
+@triton.jit
+def play_key(p_row, sc_row, id_row, j, m, T, V, mode):
+    mj, o, b, i, s = load_play(p_row, sc_row, id_row, j, m)
+    return phase_key(s, i, o, mj, T, V, mode)
+
+
+@triton.jit
+def play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH: tl.constexpr):
+    lo = tl.full((), 2147483647, tl.int32)
+    hi = tl.full((), -2147483648, tl.int32)
+    for c0 in range(0, m, CH):
+        x, inm = play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode)
+        lo = tl.minimum(lo, tl.min(tl.where(inm, x, 2147483647), 0))
+        hi = tl.maximum(hi, tl.max(tl.where(inm, x, -2147483648), 0))
+    return lo, hi
+
+
+@triton.jit
+def play_hist(p_row, sc_row, id_row, m, T, V, t, p, D: tl.constexpr, mode, CH: tl.constexpr):
+    h = tl.zeros([1 << D], dtype=tl.int32)
+    for c0 in range(0, m, CH):
+        x, inm = play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode)
+        h += tl.histogram(digit(x, p, D), 1 << D, mask=inm & prefix_is(x, t, p, D))
+    return h
+
+
+@triton.jit
+def store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.constexpr):
+    si = sel.to(tl.int32)
+    slot = base + tl.cumsum(si, 0) - 1
+    tl.store(wk_ptr + row * KB + slot, packed_key(s, v), mask=sel)
+    tl.store(wv_ptr + row * KB + slot, b, mask=sel)
+    tl.store(wo_ptr + row * KB + slot, o, mask=sel)
+    return base + tl.sum(si, 0)
+
+
+@triton.jit
+def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                    KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, RES: tl.constexpr,
+                   FR: tl.constexpr):
+    # need of the m in-play candidates, appended to W from slot above. Up to three phases
+    # (a runtime loop: one copy of the radix select's code), each a radix select over the
+    # candidates the previous one left tied: the cutoff score key T, then (ties at T) the id
+    # key V, then (duplicates at T, V) the position key W. RES: P is held in FR registers
+    # (one load); else every pass re-reads chunks of CH.
+    if RES:
+        mj, o, b, i, s = load_play(p_row, sc_row, id_row, tl.arange(0, FR), m)
+    T = need * 0
+    V = T - 1  # -1: every candidate with score key T is taken
+    W = T  # 0: every duplicate (score key T, id key V) is taken
+    rem = need
+    cnt = m
+    for mode in range(3):
+        if rem < cnt:  # more candidates tie in this phase's key than are wanted
+            if RES:
+                x, inm = phase_key(s, i, o, mj, T, V, mode)
+                lo = tl.min(tl.where(inm, x, 2147483647), 0)
+                hi = tl.max(tl.where(inm, x, -2147483648), 0)
+            else:
+                lo, hi = play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH)
+            t = rem * 0
+            for p in range((32 + D - 1) // D):
+                if rem < cnt:
+                    # every candidate in play shares this digit (and those above): no pass needed
+                    if ((lo ^ hi) >> tl.maximum(32 - D * (p + 1), 0)) == 0:
+                        t = extend(t, digit(hi, p, D), p, D)
+                    else:
+                        if RES:
+                            h = tl.histogram(digit(x, p, D), 1 << D, mask=inm & prefix_is(x, t, p, D))
+                        else:
+                            h = play_hist(p_row, sc_row, id_row, m, T, V, t, p, D, mode, CH)
+                        dd, above_d, cnt = pick_digit(h, rem, 1 << D)
+                        rem = rem - above_d
+                        t = extend(t, dd, p, D)
+                else:  # all of them are wanted: the cutoff is the smallest key with the prefix t
+                    t = extend(t, t * 0, p, D)
+            T = tl.where(mode == 0, t, T)
+            V = tl.where(mode == 1, t, V)
+            W = tl.where(mode == 2, t, W)
+    if RES:
+        v = 2147483647 - i
+        sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
+        store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
+    else:
+        base = above
+        for c0 in range(0, m, CH):
+            mc, oc, bc, ic, sc = load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m)
+            vc = 2147483647 - ic
+            sel = mc & ((sc > T) | ((sc == T) & ((vc > V) | ((vc == V) & ((2147483647 - oc) >= W)))))
+            base = store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB)
+
+
+@triton.jit
+def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+               KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr):
+    # one program: pick the winners still needed among the row's in-play list P (nsel winners,
+    # above of them above the cutoff bin, m candidates in it: the row's cutoff scan)
+    tl.store(cnt_ptr + row, nsel)
+    need = nsel - above
+    sc_row = sc_ptr + row * s_sq
+    id_row = id_ptr + row * s_iq
+    p_row = p_ptr + row * N
+    if need < m:  # (need == m: compact took every candidate of the cutoff bin)
+        # register tiers (the smaller that holds P), else chunks re-read on every pass
+        if m <= FR1:
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR1)
+        elif m <= FR2:
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR2)
+        else:
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, False, FR1)
+    fill_empty(wk_ptr + row * KB, nsel, KB)  # for torch.sort: empty slots last
