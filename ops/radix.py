@@ -211,7 +211,7 @@ def _bit_length(x):
 
 
 @triton.jit
-def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr, LEVEL2: tl.constexpr):
+def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
     # past them. Bucket rank: the winners' packed keys span [lo, hi]; a shift maps hi - key to
     # one of KB buckets (bucket 0 = the largest keys); an atomic count a winner gives the bucket
@@ -222,9 +222,6 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     # one scan over all of them gives every sub-bucket's offset. A winner's rank in its
     # (sub-)bucket counts the members before it: a larger key, or an equal key at an earlier
     # position. Work: KB winners x the largest (sub-)bucket. z_row: ORDER_SCRATCH x KB int32.
-    # Without LEVEL2 (the row kernel: the second level's code costs it registers at every row)
-    # a row whose largest bucket holds more than SPLIT winners is left unordered; returns 1
-    # then (the caller has _bucket_kernel order it), else 0.
     j = tl.arange(0, KB)
     live = j < nsel
     key = tl.load(wk_row + j, mask=live, other=-1)
@@ -243,7 +240,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     tl.debug_barrier()
     off = tl.load(z_row + KB + bkt, mask=live, other=0, cache_modifier=".cg")
     cb = tl.load(z_row + bkt, mask=live, other=0, cache_modifier=".cg")
-    if LEVEL2 and big > SPLIT:  # second level over each bucket's own key range
+    if big > SPLIT:  # second level over each bucket's own key range
         c2 = z_row + 3 * KB
         o2 = z_row + 4 * KB
         yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
@@ -267,17 +264,6 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
         tl.debug_barrier()
         cb = tl.load(c2 + sub, mask=live, other=0, cache_modifier=".cg")
         off = tl.load(o2 + sub, mask=live, other=0, cache_modifier=".cg")
-    lim = KB + 1 if LEVEL2 else SPLIT
-    if big <= lim:
-        _rank_in_buckets(wk_row, wv_row, wo_row, z_row, oid_row, osc_row, K, j, live, key, o, off, cb, slot, big, KB)
-    return (big > lim).to(tl.int32)
-
-
-@triton.jit
-def _rank_in_buckets(wk_row, wv_row, wo_row, z_row, oid_row, osc_row, K, j, live, key, o, off, cb, slot, big,
-                     KB: tl.constexpr):
-    # order_row's last step: a winner's output slot is its bucket's offset plus the members of
-    # its bucket before it
     r = tl.zeros([KB], dtype=tl.int32)
     if big > 1:
         lst = z_row + 2 * KB
@@ -297,23 +283,11 @@ def _rank_in_buckets(wk_row, wv_row, wo_row, z_row, oid_row, osc_row, K, j, live
 
 
 @generic_jit
-def _bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, flag_ptr, K, s_oi, s_os,
-                   KB: tl.constexpr, CHECK: tl.constexpr):
-    # grid (Q,): order_row, both levels, for each row of W (CHECK: only the rows whose flag the
-    # row kernel set, those it left unordered)
+def _bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
+    # grid (Q,): order_row for each row of W (the staged path's winners)
     row = tl.program_id(0).to(tl.int64)
-    go = 1
-    if CHECK:
-        go = tl.load(flag_ptr + row)
-    if go != 0:
-        order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
-                  z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, True)
-
-
-def order_flagged(wk, wv, wo, cnt, z, flags, out_ids, out_sc, k: int, kb: int):
-    """Order the rows the row kernel left unordered (``flags`` set: a crowded bucket)."""
-    _bucket_kernel[(out_ids.shape[0],)](wk, wv, wo, cnt, z, out_ids, out_sc, flags, k, out_ids.stride(0),
-                                        out_sc.stride(0), KB=kb, CHECK=True, num_warps=max(1, min(8, kb // 256)))
+    order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
+              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
 
 
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:
@@ -354,8 +328,8 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
                                   KB=kb, num_warps=max(1, min(8, kb // 256)))
     elif order == "bucket":
         z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=wk.device)
-        _bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, cnt, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
-                             CHECK=False, num_warps=max(1, min(8, kb // 256)))
+        _bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
+                             num_warps=max(1, min(8, kb // 256)))
     else:
         raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     return out_ids, out_sc

@@ -148,8 +148,8 @@ def _row_config(n: int, num_warps=None, chunk=None, resident=None):
 
 
 if _HAVE_TRITON:
-    from .radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_flagged, order_row, order_winners, packed_key,
-                        pick_digit, score_key, winner_workspace)
+    from .radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_row, order_winners, packed_key, pick_digit,
+                        score_key, winner_workspace)
     from .select_finish import finish_row
 
     @triton.jit
@@ -199,7 +199,7 @@ if _HAVE_TRITON:
         return wbase + (tot & 0xFFFF), pbase + (tot >> 16)
 
     @generic_jit
-    def _row_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, flag_ptr,
+    def _row_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr,
                     N, K, s_sq, s_iq, s_oi, s_os,
                     BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
@@ -207,7 +207,6 @@ if _HAVE_TRITON:
         # grid (Q,): one program a row. Two 6-bit histogram passes find the 12-bit prefix of the
         # cutoff; one compaction sends the candidates above it to W and those on it to P; the
         # finish picks the still-needed winners in P; ORDER: the program orders its winners too
-        # (one level of buckets; a row it leaves to radix.order_flagged gets its flag set)
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -246,9 +245,8 @@ if _HAVE_TRITON:
                    KB, D, CH, FR1, FR2)
         if ORDER:
             tl.debug_barrier()
-            flag = order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
-                             osc_ptr + row * s_os, K, KB, False)
-            tl.store(flag_ptr + row, flag)
+            order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
+                      osc_ptr + row * s_os, K, KB)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
@@ -323,15 +321,13 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     block, nw, chunk, resident = _row_config(n, num_warps, chunk, resident)
     fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
-    z = torch.empty((q * ORDER_SCRATCH.value * kb + q,) if fused else (1,), dtype=torch.int32, device=scores.device)
-    flags = z[q * ORDER_SCRATCH.value * kb:]
+    z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
     fr2 = select_staged.FIN_TIERS[1]
-    _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, flags, n, k, scores.stride(0), ids.stride(0),
+    _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0),
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
                       D=radix_bits, CH=2048, FR1=min(select_staged.FIN_TIERS[0], fr2), FR2=fr2, ORDER=fused,
                       num_warps=nw)
     if fused:
-        order_flagged(wk, wv, wo, cnt, z, flags, out_ids, out_sc, k, kb)
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order)
 
