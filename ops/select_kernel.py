@@ -16,34 +16,34 @@ Invalid candidates are never returned as such: every output slot past the valid
 ones is a pad, whatever score the invalid candidate carried.
 
 Two paths, chosen by ``choose_path`` (the one dispatcher; measured on an H200, graph replay):
-the *staged* path of ``select_staged.py`` (each row spread over many programs; few rows) and the
-*row* kernel of this module (one program a row; many rows). Both leave a row's winners
-unordered in one workspace, which ``radix.order_winners`` orders (a rank kernel for few rows,
-``torch.sort`` and a decode beyond).
+the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows, 32
+for rows beyond the register tile) and the *row* kernel of this module (one program a row).
 
 Row kernel design (one program per row, no host synchronisation, CUDA-graph capturable):
 
 * Score key ``s``: an int32 whose signed order is the total order above
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
   ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to ``RESIDENT_MAX``
-  candidates keep their ``s`` in registers (tiles of 4096 or 16384); longer rows are re-read
-  in chunks.
-* Phase 1, radix select on ``s``: up to seven passes of 5-bit digits (a runtime loop), each a
-  ``tl.histogram`` over the keys of the candidates that still match the prefix, find ``T``, the
-  score key of the ``min(k, n_valid)``-th candidate, and how many candidates with ``s == T``
-  are still needed. Once every candidate still in play is needed, the remaining passes are
-  skipped and ``T`` becomes the smallest key with the prefix found.
-* Phase 2, only when the cutoff score is tied by more candidates than are needed: the same
-  radix select on ``0x7fffffff - id`` over the tied candidates (chunks re-read) finds the id
-  cutoff ``V``. Candidates equal in both score key and id (duplicates) are taken in position
-  order, so the count is exact.
-* Compaction: chunks of the row are re-read; winners get consecutive slots by a prefix sum and
-  are written as a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)``, the raw
-  score bits and the position.
+  candidates stay in registers (tiles of 4096 or 16384); longer rows are re-read in chunks.
+* Cutoff prefix: two ``tl.histogram`` passes of 6-bit digits over the top 12 bits of ``s``
+  (sign, exponent, 3 mantissa bits) find the prefix ``P`` of the ``min(k, n_valid)``-th key.
+* Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
+  (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)``, the raw score bits, the
+  position) and the positions of those on ``P`` to the in-play list (random scores: a few
+  hundred of 16384; every one of them when all are needed).
+* Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
+  in-play list on the score key, then the id, then the position, appends the still-needed
+  winners to ``W``.
+* Ordering in the same program (``radix.order_row``): bucket rank of the winners, so no
+  ``torch.sort`` runs after the kernel.
 
 Compile time: ``Q`` is the grid and ``N``, ``k`` and the strides are runtime arguments that
 Triton does not specialise, so one compiled kernel serves every shape of a tile class
 (``launch_plan`` names them; ``precompile`` compiles those a server's capacities need).
+
+Workspace of the row path (``torch.empty``, no zeroing): ``W`` (16 bytes a winner slot), the
+in-play list ``[Q, N]`` int32 (as large as the scores: the torch path's packed key is twice
+that) and the ordering's scratch (``radix.ORDER_SCRATCH`` x KB int32 a row).
 
 Limits: ``N <= MAX_CANDIDATES`` (131072) candidates a row and ``k <= MAX_K`` (2048)
 (``supports(n, k)``); beyond, ``ordering.ordered_select`` uses the torch path.

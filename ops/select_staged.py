@@ -18,16 +18,13 @@ run one after another in that program. Here short kernels each spread a row over
    plus a prefix sum: any order). Candidates in ``d*`` are *in play*: their positions go to
    the row's list ``P``. When every candidate of ``d*`` is needed they are winners directly.
 3. **finish** ``grid (Q,)``: one program a row picks the still-needed winners among the ``m``
-   candidates of ``P`` (random scores: a few hundred at 16384 candidates; mass ties: the whole
-   tie group). It is a radix select on ``P``, held in registers (tiers of 1024 / 4096, the
-   smaller that holds ``P``) or re-read in chunks beyond, with 5-bit digits, the digits shared
-   by the smallest and the largest key skipped without a pass: on the score key, then, for ties
-   at the cutoff score, on ``0x7fffffff - id``, then, for duplicates (equal score key and id),
-   on ``0x7fffffff - position`` (so duplicates are taken in position order). Winners are
-   appended to ``W``. Up to ``FUSE_MAX_ROWS`` rows there is no finish kernel: the last compact
-   program of a row to finish (a CTA barrier, then one gpu-scope acq_rel ticket, the
-   cooperative-groups grid-sync pattern without the wait) runs it.
-4. **order**: ``radix.order_winners`` (shared with the row kernel).
+   candidates of ``P`` (``select_finish.finish_row``, shared with the row kernel: a radix
+   select on the score key, then the id, then the position; random scores: a few hundred
+   candidates at 16384; mass ties: the whole tie group). Up to ``FUSE_MAX_ROWS`` rows there is
+   no finish kernel: the last compact program of a row to finish (a CTA barrier, then one
+   gpu-scope acq_rel ticket, the cooperative-groups grid-sync pattern without the wait) runs it.
+4. **order**: ``radix.order_winners`` (the rank kernel up to ``RANK_MAX_ROWS`` rows, bucket rank
+   beyond).
 
 Compile time: ``N``, ``k`` and the strides are runtime arguments Triton does not specialise,
 the radix passes are runtime loops, and the tile sizes come from a small fixed set (``plan``).
