@@ -186,8 +186,9 @@ if _HAVE_TRITON:
         u = _top12(s)
         valid = s != -2147483648
         on = valid & (u == P)
-        win = valid & ((u > P) | (on & (all_in != 0)))
-        play = on & (all_in == 0)
+        whole = (u * 0 + all_in) != 0  # all_in as a tensor (a scalar bool in a mask trips the interpreter)
+        win = valid & ((u > P) | (on & whole))
+        play = on & (whole == 0)
         packed = win.to(tl.int32) + (play.to(tl.int32) << 16)
         incl = tl.cumsum(packed, 0)
         wslot = wbase + (incl & 0xFFFF) - 1

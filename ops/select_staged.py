@@ -130,8 +130,9 @@ if _HAVE_TRITON:
         d = _top_digit(s, HB)
         valid = s != -2147483648
         # when every candidate of the cutoff bin is needed they are winners, none is in play
-        win = valid & ((d > dstar) | ((d == dstar) & (need == m)))
-        play = valid & (d == dstar) & (need != m)
+        whole = (d * 0 + (need == m).to(tl.int32)) != 0  # as a tensor: a scalar bool in a mask trips the interpreter
+        win = valid & ((d > dstar) | ((d == dstar) & whole))
+        play = valid & (d == dstar) & (whole == 0)
         wi = win.to(tl.int32)
         nw = tl.sum(wi, 0)
         if nw > 0:

@@ -5,14 +5,19 @@
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
 tile classes of k = 2048, without a GPU, and prints each one's compile seconds and cubin size
-(a lower bound on what a cold first call costs on the GPU host). It checks code generation
-only; the Triton interpreter (``TRITON_INTERPRET=1``, tests/test_select_kernel_gpu.py) checks
+(a lower bound on what a cold first call costs on the GPU host), and, from the bundled ptxas's
+``-v`` on the same PTX, the registers a thread and the spill bytes (what bounds how many
+programs share an SM). It checks code generation only; the Triton interpreter (``TRITON_INTERPRET=1``, tests/test_select_kernel_gpu.py) checks
 what the kernels compute. Names select kernels by substring.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import triton
@@ -35,10 +40,33 @@ KERNELS = {
     "staged finish": (st._finish_kernel, _FIN, 8),
     "rank": (rx._rank_kernel, dict(KB=2048, SL=16, JB=512), 4),
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
-    "row kernel (registers 16384)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, KB=2048, RESIDENT=True, D=5), 16),
-    "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, KB=2048, RESIDENT=True, D=5), 4),
-    "row kernel (chunks)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, KB=2048, RESIDENT=False, D=5), 16),
+    "bucket order": (rx._bucket_kernel, dict(KB=2048), 8),
 }
+_ROW = dict(KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], ORDER=True)
+KERNELS.update({
+    "row kernel (registers 16384)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True, **_ROW), 16),
+    "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, RESIDENT=True, **_ROW), 4),
+    "row kernel (chunks)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, **_ROW), 16),
+    "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
+                                                                     **dict(_ROW, ORDER=False)), 16),
+})
+
+
+def ptxas_usage(ptx: str, arch: int) -> str:
+    """Registers a thread and spill bytes of the kernel in ``ptx``, from the bundled ptxas -v."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(arch).path
+    with tempfile.TemporaryDirectory() as d:
+        f = os.path.join(d, "k.ptx")
+        with open(f, "w") as fh:
+            fh.write(ptx)
+        suffix = "a" if arch >= 90 else ""
+        out = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", f, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", out.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", out.stderr)
+    return f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
 
 
 def compile_one(fn, consts: dict, num_warps: int, arch: int):
@@ -60,7 +88,9 @@ def main(argv=None) -> int:
         t0 = time.time()
         try:
             k = compile_one(fn, dict(consts), nw, a.arch)
-            print(f"ok   {name}: {time.time() - t0:.1f} s, cubin {len(k.asm['cubin'])} bytes", flush=True)
+            dt = time.time() - t0
+            print(f"ok   {name}: {dt:.1f} s, cubin {len(k.asm['cubin'])} bytes, "
+                  f"{ptxas_usage(k.asm['ptx'], a.arch)}", flush=True)
         except Exception as e:  # report every kernel, then fail
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}", flush=True)

@@ -1,0 +1,36 @@
+"""The selection kernels' exactness tests on the CPU, in Triton's interpreter (CI has no GPU).
+
+Runs a subset of ``tests/test_select_kernel_gpu.py`` in a subprocess with ``TRITON_INTERPRET=1``
+(Triton chooses the interpreter when a kernel is defined, so the rest of the suite keeps its
+normal import of the kernels): every input kind (random, ties, equal scores, +-0 / +-inf / NaN
+payloads, padding, duplicate ids) at small shapes on both paths against the plain-Python and
+the packed-key references, every final ordering after both paths, winners whose keys cluster,
+digit widths, empty rows and bad input.
+The same kernels run compiled on the GPU machine (the whole of that file). Skipped where Triton
+does not import.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+SUBSET = "small or clustered or final_orderings or digit_widths or no_candidates or rejects or references"
+MIN_TESTS = 175  # the subset's size today: fewer passing means tests went missing
+
+
+@pytest.mark.timeout(1200)
+def test_selection_kernels_in_the_interpreter(tmp_path):
+    pytest.importorskip("triton")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
+                        os.path.join(here, "test_select_kernel_gpu.py"), "-k", SUBSET],
+                       env=env, capture_output=True, text=True, timeout=1100)
+    tail = (r.stdout + r.stderr)[-6000:]
+    assert r.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", r.stdout)
+    assert passed and int(passed.group(1)) >= MIN_TESTS, tail
