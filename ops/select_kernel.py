@@ -132,10 +132,15 @@ def _row_config(n: int, num_warps=None, chunk=None, resident=None):
     """(block, num_warps, chunk, resident) of the row kernel for rows of ``n`` candidates.
 
     Register tiles of 4096 or 16384 keys (so a new ``N`` reuses a compiled kernel), chunks of
-    4096 re-read from memory beyond ``RESIDENT_MAX``.
+    4096 re-read from memory beyond ``RESIDENT_MAX``. A chunk is a power of two of at most
+    16384 candidates (the compaction counts two fields of 16 bits in one scan).
     """
     if resident is None:
         resident = n <= RESIDENT_MAX
+    if resident and n > RESIDENT_MAX:
+        raise ValueError(f"resident=True holds at most {RESIDENT_MAX} candidates a row in registers, got N={n}")
+    if chunk is not None and (int(chunk) < 16 or int(chunk) > 16384 or int(chunk) & (int(chunk) - 1)):
+        raise ValueError(f"chunk must be a power of two in 16..16384, got {chunk}")
     block = (4096 if n <= 4096 else RESIDENT_MAX) if resident else max(16, select_staged.next_pow2(n))
     if num_warps is None:
         num_warps = max(4, min(16, block // 1024)) if resident else 16
@@ -223,7 +228,7 @@ if _HAVE_TRITON:
         else:
             h1 = _chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
         nsel = tl.minimum(tl.sum(h1, 0), K)
-        d1, ab1, c1 = pick_digit(h1, nsel, 64)
+        d1, ab1, _ = pick_digit(h1, nsel, 64)
         if RESIDENT:
             h2 = _digit_hist(u, d1, 1)
         else:

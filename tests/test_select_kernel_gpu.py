@@ -427,6 +427,12 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      path="rows")
+        with pytest.raises(ValueError, match="resident"):  # a register tile holds 16384 candidates
+            sk.triton_ordered_select(torch.zeros(1, 20000, device=dev), torch.zeros(1, 20000, dtype=torch.int32,
+                                                                                     device=dev), 1, resident=True)
+        with pytest.raises(ValueError, match="chunk"):  # not a power of two
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     chunk=1000)
     assert not sk.supports(sk.MAX_CANDIDATES + 1, 1)
     assert not sk.supports(16, sk.MAX_K + 1)
     assert sk.supports(16 * 2048, 2048)
