@@ -128,7 +128,7 @@ def _triton_impl() -> Optional[tuple[Callable[[Tensor, Tensor, int], tuple[Tenso
     return triton_ordered_select, select_kernel.supports
 
 
-def _check_kernel(kernel: str, where: str) -> None:
+def check_kernel(kernel: str, where: str) -> None:
     if kernel not in KERNELS:
         raise ValueError(f"{where}: kernel={kernel!r}: expected one of {', '.join(KERNELS)}")
 
@@ -142,7 +142,7 @@ def resolve_kernel(choice: str, device: Any, n: int, k: int) -> str:
     runs (CUDA, Triton importable) and supports the shape; CPU and rows beyond the kernel's
     limits: torch. ``triton``: the same, but an error where Triton cannot run at all.
     """
-    _check_kernel(choice, "resolve_kernel")
+    check_kernel(choice, "resolve_kernel")
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if choice == "torch" or dev.type != "cuda":
         return "torch"
@@ -169,7 +169,7 @@ def ordered_select(scores: Tensor, ids: Tensor, k: int, *, kernel: str = "torch"
     matters on CUDA (CPU always uses torch).
     """
     check_candidates(scores, ids, k, "ordered_select")
-    _check_kernel(kernel, "ordered_select")
+    check_kernel(kernel, "ordered_select")
     scores, ids = scores.contiguous(), ids.contiguous()
     if scores.is_cuda and kernel != "torch":
         impl = _triton_impl()
@@ -182,4 +182,4 @@ def ordered_select(scores: Tensor, ids: Tensor, k: int, *, kernel: str = "torch"
 
 
 __all__ = ["ordered_select", "torch_ordered_select", "resolve_kernel", "order_keys", "check_candidates",
-           "KERNELS", "PAD_ID", "PAD_SCORE"]
+           "check_kernel", "KERNELS", "PAD_ID", "PAD_SCORE"]

@@ -114,10 +114,17 @@ def key_id(key):
 
 
 @triton.jit
-def fill_empty(wk_row, nsel, KB: tl.constexpr):
-    # the workspace slots past the row's nsel winners get key -1 (they sort last)
-    jk = tl.arange(0, KB)
-    tl.store(wk_row + jk, tl.full([KB], -1, tl.int64), mask=jk >= nsel)
+def top_digit(s, HB: tl.constexpr):
+    # the first HB bits of the score key as an unsigned bin (sign flipped: negatives below)
+    return ((s >> (32 - HB)) & ((1 << HB) - 1)) ^ (1 << (HB - 1))
+
+
+@triton.jit
+def put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o):
+    # winners (mask win) to their W slots: packed key, raw score bits, position
+    tl.store(wk_row + slot, packed_key(s, v), mask=win)
+    tl.store(wv_row + slot, b, mask=win)
+    tl.store(wo_row + slot, o, mask=win)
 
 
 # --------------------------------------------------------------------------- ordering
@@ -309,7 +316,7 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     ``order``: ``"rank"`` (rank kernel; default up to ``RANK_MAX_ROWS`` rows: its work grows as
     ``Q k^2``), ``"bucket"`` (one program a row, ``order_row``; the default beyond) or
     ``"sort"`` (``torch.sort`` of the keys, then a decode that puts runs of equal keys in
-    position order). The producers fill W's empty slots with key -1.
+    position order). Only W's first ``cnt`` slots of a row hold winners.
     """
     from .select_staged import RANK_MAX_ROWS, rank_tile
 
@@ -324,7 +331,9 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
         _rank_kernel[(q, kb // sl)](wk, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
                                     KB=kb, SL=sl, JB=jb, num_warps=4)
     elif order == "sort":
-        key, pos = torch.sort(wk.view(q, kb), dim=1, descending=True)
+        keys = wk.view(q, kb)  # slots past a row's winners: key -1, so they sort last
+        keys.masked_fill_(torch.arange(kb, device=wk.device) >= cnt.view(q, 1), -1)
+        key, pos = torch.sort(keys, dim=1, descending=True)
         _decode_runs_kernel[(q,)](key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
                                   KB=kb, num_warps=max(1, min(8, kb // 256)))
     elif order == "bucket":

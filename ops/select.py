@@ -49,7 +49,7 @@ from torch import Tensor
 
 from tpflare.distributed import agree, group_name_of, group_rank, group_size, resolve_group
 
-from .ordering import _check_kernel, check_candidates, ordered_select
+from .ordering import check_kernel, check_candidates, ordered_select
 
 log = logging.getLogger("tpflare.select")
 
@@ -162,7 +162,7 @@ def _replicated(scores: Tensor, ids: Tensor, k: int, group_name: str, with_score
                 op: str, kernel: str) -> tuple[Tensor, Tensor]:
     world = _world(group_name, op)
     _check_args(scores, ids, k, group_name, op, world)
-    _check_kernel(kernel, f"tpflare.{op}")
+    check_kernel(kernel, f"tpflare.{op}")
     packed = _pack(scores, ids)
     gathered = _all_gather(packed, resolve_group(group_name))
     all_scores, all_ids = _merge_sources(gathered)
@@ -182,7 +182,7 @@ def _replicated_op(name: str, doc: str):
     @op.register_fake
     def _(scores, ids, k, group_name, with_scores, select_kernel="torch"):
         _fake_check(scores, ids, k, group_name, name)
-        _check_kernel(select_kernel, f"tpflare.{name}")
+        check_kernel(select_kernel, f"tpflare.{name}")
         return _fake_outputs(scores, ids, k, with_scores)
 
     return op
@@ -241,7 +241,7 @@ def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scor
     world = _world(group_name, op)
     _check_args(scores, ids, k, group_name, op, world)
     _check_plan(id_replication, op, "id_replication")
-    _check_kernel(select_kernel, f"tpflare.{op}")
+    check_kernel(select_kernel, f"tpflare.{op}")
     q = scores.shape[0]
     send = _to_owner_blocks(_pack(scores, ids), world, fill=-1)  # padding rows: id -1
     recv = torch.empty_like(send)
@@ -261,7 +261,7 @@ def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scor
 def _(scores, ids, k, group_name, with_scores, id_replication, select_kernel="torch"):
     _fake_check(scores, ids, k, group_name, "select_owner")
     _check_plan(id_replication, "select_owner", "id_replication")
-    _check_kernel(select_kernel, "tpflare.select_owner")
+    check_kernel(select_kernel, "tpflare.select_owner")
     return _fake_outputs(scores, ids, k, with_scores)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .radix import digit, extend, fill_empty, packed_key, pick_digit, prefix_is, score_key
+from .radix import digit, extend, pick_digit, prefix_is, put_winners, score_key
 
 __all__ = ["finish_row"]
 
@@ -77,10 +77,7 @@ def play_hist(p_row, sc_row, id_row, m, T, V, t, p, D: tl.constexpr, mode, CH: t
 @triton.jit
 def store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.constexpr):
     si = sel.to(tl.int32)
-    slot = base + tl.cumsum(si, 0) - 1
-    tl.store(wk_ptr + row * KB + slot, packed_key(s, v), mask=sel)
-    tl.store(wv_ptr + row * KB + slot, b, mask=sel)
-    tl.store(wo_ptr + row * KB + slot, o, mask=sel)
+    put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + tl.cumsum(si, 0) - 1, sel, s, v, b, o)
     return base + tl.sum(si, 0)
 
 
@@ -161,4 +158,3 @@ def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s
         else:
             finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
                            KB, D, CH, False, FR1)
-    fill_empty(wk_ptr + row * KB, nsel, KB)  # for torch.sort: empty slots last

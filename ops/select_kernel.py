@@ -153,20 +153,14 @@ def _row_config(n: int, num_warps=None, chunk=None, resident=None):
 
 
 if _HAVE_TRITON:
-    from .radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_row, order_winners, packed_key, pick_digit,
-                        score_key, winner_workspace)
+    from .radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
+                        score_key, top_digit, winner_workspace)
     from .select_finish import finish_row
 
     @triton.jit
-    def _top12(s):
-        # the first 12 bits of the score key (sign, exponent, 3 mantissa bits) as an unsigned
-        # number: negative keys below positive ones
-        return ((s >> 20) & 0xFFF) ^ 0x800
-
-    @triton.jit
     def _top12_valid(s):
-        # _top12 of a valid candidate, -1 for an invalid one
-        return tl.where(s != -2147483648, _top12(s), -1)
+        # the top 12 bits of a valid candidate's score key (sign, exponent, 3 mantissa bits), -1 for an invalid one
+        return tl.where(s != -2147483648, top_digit(s, 12), -1)
 
     @triton.jit
     def _digit_hist(u, d1, PASS: tl.constexpr):
@@ -188,7 +182,7 @@ if _HAVE_TRITON:
     def _compact(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, wbase, pbase):
         # candidates above the 12-bit cutoff prefix P to W, those on it to P (in play), or to
         # W too when all of them are needed; one scan for both counts (a tile holds < 2**16)
-        u = _top12(s)
+        u = top_digit(s, 12)
         valid = s != -2147483648
         on = valid & (u == P)
         whole = (u * 0 + all_in) != 0  # all_in as a tensor (a scalar bool in a mask trips the interpreter)
@@ -196,10 +190,7 @@ if _HAVE_TRITON:
         play = on & (whole == 0)
         packed = win.to(tl.int32) + (play.to(tl.int32) << 16)
         incl = tl.cumsum(packed, 0)
-        wslot = wbase + (incl & 0xFFFF) - 1
-        tl.store(wk_row + wslot, packed_key(s, 2147483647 - tl.maximum(i, 0)), mask=win)
-        tl.store(wv_row + wslot, b, mask=win)
-        tl.store(wo_row + wslot, o, mask=win)
+        put_winners(wk_row, wv_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), b, o)
         tl.store(p_row + pbase + (incl >> 16) - 1, o, mask=play)
         tot = tl.sum(packed, 0)
         return wbase + (tot & 0xFFFF), pbase + (tot >> 16)

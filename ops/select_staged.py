@@ -90,13 +90,8 @@ def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None)
 
 
 if _HAVE_TRITON:
-    from .radix import generic_jit, load_chunk, packed_key, pick_digit, score_key
+    from .radix import generic_jit, load_chunk, pick_digit, put_winners, score_key, top_digit
     from .select_finish import finish_row
-
-    @triton.jit
-    def _top_digit(s, HB: tl.constexpr):
-        # the first HB bits of the score key as an unsigned bin (sign flipped: negatives below)
-        return ((s >> (32 - HB)) & ((1 << HB) - 1)) ^ (1 << (HB - 1))
 
     @triton.jit
     def _cutoff(z_row, K, HB: tl.constexpr):
@@ -113,7 +108,7 @@ if _HAVE_TRITON:
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
         ones = tl.full([CA], 1, tl.int32)
-        tl.atomic_add(z_ptr + row * ZS + _top_digit(s, HB), ones, mask=s != -2147483648, sem="relaxed")
+        tl.atomic_add(z_ptr + row * ZS + top_digit(s, HB), ones, mask=s != -2147483648, sem="relaxed")
 
     @generic_jit
     def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
@@ -127,7 +122,7 @@ if _HAVE_TRITON:
         o = tl.program_id(1) * CA + tl.arange(0, CA)
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
-        d = _top_digit(s, HB)
+        d = top_digit(s, HB)
         valid = s != -2147483648
         # when every candidate of the cutoff bin is needed they are winners, none is in play
         whole = (d * 0 + (need == m).to(tl.int32)) != 0  # as a tensor: a scalar bool in a mask trips the interpreter
@@ -137,11 +132,8 @@ if _HAVE_TRITON:
         nw = tl.sum(wi, 0)
         if nw > 0:
             base = tl.atomic_add(z_row + (1 << HB), nw, sem="relaxed")
-            slot = base + tl.cumsum(wi, 0) - 1
-            key = packed_key(s, 2147483647 - tl.maximum(i, 0))
-            tl.store(wk_ptr + row * KB + slot, key, mask=win)
-            tl.store(wv_ptr + row * KB + slot, b, mask=win)
-            tl.store(wo_ptr + row * KB + slot, o, mask=win)
+            put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + tl.cumsum(wi, 0) - 1, win,
+                        s, 2147483647 - tl.maximum(i, 0), b, o)
         pi = play.to(tl.int32)
         npl = tl.sum(pi, 0)
         if npl > 0:

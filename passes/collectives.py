@@ -71,10 +71,10 @@ class StackAllReduce:
         if isinstance(target, ProcessGroup):
             return target.group_name
         if isinstance(target, str):
-            from torch.distributed.distributed_c10d import _resolve_process_group
+            from tpflare.distributed import resolve_group
 
             try:
-                _resolve_process_group(target)
+                resolve_group(target)
             except Exception as e:
                 raise ValueError(f"tpflare: {self.name} argument {self.group_arg}={stack_group!r} maps to "
                                  f"{target!r}, which is not a c10d group name ({e}); register "
@@ -122,10 +122,11 @@ def register_all_reduce(op: Any, *, group_arg: str = "group_name", inplace: bool
     if group_arg not in names:
         raise RegistrationError(f"tpflare.register_all_reduce({op}): no argument {group_arg!r} "
                                 f"(arguments: {names}); pass group_arg= naming the group argument")
-    if _type(args[names.index(group_arg)]) != "str":
+    group_type = _type(args[names.index(group_arg)])
+    if group_type != "str":
         raise RegistrationError(f"tpflare.register_all_reduce({op}): argument {group_arg!r} is "
-                                f"{_type(args[names.index(group_arg)])}, expected str (a group name)")
-    if not args or _type(args[0]) != "Tensor":
+                                f"{group_type}, expected str (a group name)")
+    if _type(args[0]) != "Tensor":
         raise RegistrationError(f"tpflare.register_all_reduce({op}): the first argument must be the "
                                 f"Tensor to reduce, got {schema}")
     writes = args[0].alias_info is not None and args[0].alias_info.is_write

@@ -5,8 +5,10 @@ so the bound op is part of the graph Inductor's FX-graph cache keys on: a graph
 compiled under one winner is never served when the cache or knobs now say
 another.  The node keeps its leading arguments; the composition appends its child
 plans: the owner composition's id replication, and every composition's ordered-selection
-kernel (``TPFLARE_SELECT_KERNEL`` resolved for the site at preparation).  Replay runs no
-Python decision and reads no knob.
+kernel (``TPFLARE_SELECT_KERNEL`` resolved for the site at preparation).  Replay reads no
+knob; it runs no Python decision except at a site whose shape is not static here, which
+gets the knob's value itself (``auto``/``triton``: the op picks the Triton kernel where it
+supports the call's row length, a per-shape rule).
 """
 from __future__ import annotations
 

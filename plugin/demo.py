@@ -65,10 +65,6 @@ def correctly_rounded(ref: torch.Tensor, dtype: torch.dtype = BF16) -> torch.Ten
     return torch.ldexp(q, e.double()).to(dtype)      # exact: representable in dtype
 
 
-def correctly_rounded_bf16(ref: torch.Tensor) -> torch.Tensor:
-    return correctly_rounded(ref, BF16)
-
-
 def rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:
     ref = ref.double()
     return ((y.double().cpu() - ref).norm() / ref.norm()).item()
@@ -76,7 +72,7 @@ def rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 def not_correctly_rounded(y: torch.Tensor, ref: torch.Tensor) -> float:
     """Share of BF16 outputs that differ from the correctly rounded float64 reference."""
-    want = correctly_rounded_bf16(ref).view(torch.int16)
+    want = correctly_rounded(ref, BF16).view(torch.int16)
     return (y.cpu().contiguous().view(torch.int16) != want).double().mean().item()
 
 

@@ -26,7 +26,6 @@ import itertools
 import logging
 from typing import Any, Callable, Sequence
 
-import torch
 import torch.distributed as dist
 from torch import fx
 
@@ -86,7 +85,8 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], *, config_patc
     from .latent_prep import LatentGatherCompiler
 
     settings = settings or config.resolve()
-    if is_distributed() and dist.get_world_size() > 1:
+    multi_rank = is_distributed() and dist.get_world_size() > 1
+    if multi_rank:
         check_knobs_agree(settings, timeout_s=settings.prep_timeout)
     graph_id = f"g{next(_graph_counter)}"
     work = _copy_graph_module(gm)
@@ -101,7 +101,7 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], *, config_patc
     patches = dict(config_patches or {})
     chained = patches.get("post_grad_custom_post_pass", inductor_config.post_grad_custom_post_pass)
     patches["post_grad_custom_post_pass"] = TpflarePostGradPass(settings.decision_hash(), chained)
-    may_rewrite = settings.latent_gather and is_distributed() and dist.get_world_size() > 1
+    may_rewrite = settings.latent_gather and multi_rank
     try:
         with _aot_cache_off() if may_rewrite else contextlib.nullcontext():
             compiled = inductor_compile_fx(work, inputs, inner_compile=latent,

@@ -10,22 +10,22 @@ spelling of a TP all-reduce alike) with fake inputs.  Per graph, on every rank:
 3. apply the gates (knob, dtype, width, replication of the hidden row, row
    source) and agree on them collectively with the ranks of the sites' groups:
    one decision per site, identical everywhere, one reason per skip;
-4. the rows gate last: on a symbolic row count it becomes a shape guard (a
-   graph below the gate recompiles and keeps the all-reduce);
+4. the rows gate (among the static gates, before the replication check): on a symbolic row
+   count it becomes a shape guard (a graph below the gate recompiles and keeps the all-reduce);
 5. build the row shards of exactly the rewritten sites (registered, the DTensor
    weight redistributed, or resharded once), append them as graph inputs,
    rewrite, and hand the graph to Inductor's own ``compile_fx_inner``;
 6. return a callable that appends the row shards on every call and checks that
    no weight they depend on changed in place.
 
-Every site is reported on every compile (Inductor's FX-graph cache hit included).
+Every site is reported on every compile that reaches this compiler, Inductor's FX-graph cache
+hit included (``tpflare.compile_fx`` turns AOTAutograd's cache off while the rewrite may apply;
+with the knob off an AOTAutograd cache hit skips it and reports nothing).
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
-import logging
 from typing import Any, Callable, Sequence
 
 import torch
@@ -36,7 +36,6 @@ from .config import Settings
 from .distributed import agree, group_rank, group_ranks, group_size, is_distributed
 from .errors import TpflareError
 
-log = logging.getLogger("tpflare.latent_prep")
 
 try:
     from torch._inductor.output_code import OutputCode
@@ -95,9 +94,9 @@ def match_inputs(fakes: Sequence[Any], flat: list) -> str | None:
 
 
 def _digest(t: torch.Tensor) -> str:
-    c = t.detach().contiguous().cpu()
-    raw = ctypes.string_at(c.data_ptr(), c.numel() * c.element_size()) if c.numel() else b""
-    return hashlib.blake2b(raw, digest_size=16).hexdigest() + f"/{tuple(c.shape)}/{c.dtype}"
+    c = t.detach().contiguous().cpu()  # one device-to-host copy; the hash reads its bytes in place
+    return (hashlib.blake2b(c.reshape(-1).view(torch.uint8).numpy(), digest_size=16).hexdigest()
+            + f"/{tuple(c.shape)}/{c.dtype}")
 
 
 def _leaf_state(value: Any, owner: Any, trust: bool) -> tuple:
@@ -150,6 +149,7 @@ class RowShardCall(OutputCode):  # type: ignore[misc]
     def __init__(self, inner: Any, bindings: list[RowBinding]) -> None:
         super().__init__()
         self.inner, self.bindings = inner, bindings
+        self._inner_boxed = getattr(inner, "_boxed_call", False)  # decided once, not every call
 
     def __call__(self, args: list) -> Any:
         cols = [args[b.col_index] for b in self.bindings]
@@ -158,7 +158,7 @@ class RowShardCall(OutputCode):  # type: ignore[misc]
         if not isinstance(args, list):
             args = list(args)
         args.extend(rows)
-        if getattr(self.inner, "_boxed_call", False):
+        if self._inner_boxed:
             return self.inner(args)
         return self.inner(*args)
 

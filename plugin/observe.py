@@ -28,6 +28,8 @@ that channel, never the decision.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import logging
 import sys
@@ -66,18 +68,23 @@ def trace(rec: dict[str, Any]) -> None:
     except ImportError:
         return
     name = artifact_name(str(rec.get("kind", "record")))
+    kwargs = dict(metadata_fn=lambda: {"name": name, "encoding": "json"},
+                  payload_fn=lambda: json.dumps(rec, default=str, sort_keys=True))
+    if _takes_expect_trace_id(trace_structured):
+        kwargs["expect_trace_id"] = False  # also outside a compile (a race called directly)
     try:
-        trace_structured(
-            "artifact",
-            metadata_fn=lambda: {"name": name, "encoding": "json"},
-            payload_fn=lambda: json.dumps(rec, default=str, sort_keys=True),
-            expect_trace_id=False,   # also outside a compile (a race called directly)
-        )
-    except TypeError:  # an older signature without expect_trace_id
-        trace_structured("artifact", metadata_fn=lambda: {"name": name, "encoding": "json"},
-                         payload_fn=lambda: json.dumps(rec, default=str, sort_keys=True))
+        trace_structured("artifact", **kwargs)
     except Exception as e:  # observability never breaks a compile
         log.debug("tpflare: trace artifact %s not written: %s", name, e)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_expect_trace_id(fn: Any) -> bool:
+    """Whether this torch's ``trace_structured`` has ``expect_trace_id`` (older ones do not)."""
+    try:
+        return "expect_trace_id" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def read_trace_artifacts(trace_dir: str, prefix: str = "tpflare_") -> list[dict[str, Any]]:
