@@ -338,23 +338,59 @@ def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_row
         lead = [d if isinstance(d, int) else b(aten.sym_size.int, s.x_full, i)
                 for i, d in enumerate(out_shape[:-1])]
         y = b(aten.view.default, y2, lead + [out_shape[-1]])
-    # A graph output keeps the row-major layout eager code gave it (one transposing copy);
-    # consumers inside the graph read the column-major view in place.
     result = s.reduce.result
     orig = _val(result)
-    out_copy = None
-    if (any(u.op == "output" for u in result.users) and orig is not None and orig.is_contiguous()
-            and not y.meta["val"].is_contiguous()):
-        out_copy = b(aten.clone.default, y, memory_format=torch.contiguous_format)
-        for u in [u for u in result.users if u.op == "output"]:
-            u.replace_input_with(result, out_copy)
     result.replace_all_uses_with(y)
     replaced[result] = y
     for node in s.chain_nodes:
         if not node.users:
             graph.erase_node(node)
+    out_copy = _restore_output_layouts(graph, y, orig, fake_mode)
     return dict(rows=m_rows if isinstance(m_rows, int) else str(m_rows),
-                chunks=(-(-m_rows // chunk) if chunk else 1), output_layout_copy=out_copy is not None)
+                chunks=(-(-m_rows // chunk) if chunk else 1), output_layout_copy=out_copy)
+
+
+def _restore_output_layouts(graph: fx.Graph, new: fx.Node, orig: Any, fake_mode) -> bool:
+    """Graph outputs computed from ``new`` (the rewrite's column-major view, replacing a value
+    whose fake tensor was ``orig``) keep the row-major layout eager code gave them.
+
+    The fake values downstream of ``new`` are recomputed (their strides follow the new layout,
+    as eager's stride rules and Inductor's layouts do: a pointwise op on the view is column-major
+    too, a GEMM's output is not); an output that was contiguous and no longer is gets one
+    contiguous copy (Inductor fuses it into a pointwise producer). Consumers inside the graph
+    read the view in place. A value that cannot be recomputed counts as changed. True when a
+    copy was added."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    reach, stack = {new}, [new]
+    while stack:
+        for u in stack.pop().users:
+            if u not in reach and u is not out:
+                reach.add(u)
+                stack.append(u)
+    before = {new: orig}
+    unknown = set()
+    for n in sorted(reach - {new}, key=order.__getitem__):
+        before[n] = n.meta.get("val")
+        try:
+            args, kwargs = torch.utils._pytree.tree_map_only(fx.Node, lambda a: a.meta["val"], (n.args, n.kwargs))
+            with fake_mode:
+                n.meta["val"] = n.target(*args, **kwargs)
+        except Exception:  # keep the old value; the output check below treats it as changed
+            unknown.add(n)
+    copied = False
+    for a in dict.fromkeys(a for a in out.all_input_nodes if a in reach):
+        was, now = before[a], a.meta.get("val")
+        if not (isinstance(was, torch.Tensor) and was.is_contiguous()):
+            continue
+        if a not in unknown and isinstance(now, torch.Tensor) and now.is_contiguous():
+            continue
+        with graph.inserting_before(out):
+            c = graph.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
+        _ensure_val(c, fake_mode)
+        out.replace_input_with(a, c)
+        copied = True
+    return copied
 
 
 def _ensure_val(node: fx.Node, fake_mode) -> None:

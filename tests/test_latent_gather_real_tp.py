@@ -291,6 +291,40 @@ def _plain_site(rank, world, seed):
     return f, w[:, rank * ks:(rank + 1) * ks].contiguous(), w
 
 
+# --- output layout behind pointwise ops -----------------------------------------------------------
+def _layouts(rank, world):
+    tpflare = _setup()
+    f, c, w = _plain_site(rank, world, 6)
+    x = _x(world, 64, 5)
+    n = w.shape[0]
+    g = torch.Generator().manual_seed(8)
+    res, bias = torch.randn(64, n, generator=g).to(torch.bfloat16), torch.randn(n, generator=g).to(torch.bfloat16)
+    outs = {"y": lambda y: y, "y + bias": lambda y: y + bias, "y * 2": lambda y: y * 2,
+            "relu(y)": torch.relu, "y.float()": lambda y: y.float(), "res + y": lambda y: res + y}
+    got = {}
+    with tpflare.config.patch(latent_gather=True):
+        for name, post in outs.items():
+            torch._dynamo.reset()
+            tpflare.clear_report()
+            y = torch.compile(lambda x, c: post(f(x, c)), backend="tpflare", fullgraph=True)(x, c)
+            e = post(f(x, c))
+            gather = post(torch.cat([(wr @ x.T).T for wr in w.chunk(world, 0)], 1))
+            got[name] = dict(records=_records(), stride=list(y.stride()), eager_stride=list(e.stride()),
+                             viewable=y.view(-1).numel() == y.numel(), same=_same_everywhere(y),
+                             is_gather=torch.equal(y, gather))
+    return got
+
+
+def test_outputs_behind_pointwise_ops_keep_the_eager_layout():
+    """The rewritten value is a column-major view; an output computed from it by pointwise ops
+    (a bias after the reduce, a scale, an activation, a cast) comes back with eager's strides."""
+    for r in run_ranks(_layouts, 2, timeout=240):
+        for name, res in r.items():
+            assert [rec[0] for rec in res["records"]] == ["rewritten"], (name, res["records"])
+            assert res["stride"] == res["eager_stride"] and res["viewable"], (name, res)
+            assert res["same"] and res["is_gather"], (name, res)
+
+
 # --- dynamic row counts ----------------------------------------------------------------------------
 def _dynamic(rank, world):
     tpflare = _setup()
