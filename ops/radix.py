@@ -119,6 +119,23 @@ def top_digit(s, HB: tl.constexpr):
     return ((s >> (32 - HB)) & ((1 << HB) - 1)) ^ (1 << (HB - 1))
 
 
+SLOT_COLS = tl.constexpr(512)  # scan_slots: columns of the [T / C, C] view of a tile
+
+
+@triton.jit
+def scan_slots(x, T: tl.constexpr):
+    # inclusive prefix sums of the counts x (a [T] tile) in the column order of its [T / C, C]
+    # view, and their total: distinct slots for the counted elements, in some order (the
+    # winner and in-play lists take any). Sums down the columns stay in a thread; one scan runs
+    # over the C column totals, not over T elements (H200, 16384-candidate tile: 0.36 against
+    # 0.47 ms for the row kernel at 1024 rows; bench/bench_row_phases.py)
+    C: tl.constexpr = SLOT_COLS if T > SLOT_COLS else T
+    x2 = tl.reshape(x, [T // C, C])
+    tot = tl.sum(x2, 0)
+    incl = tl.reshape(tl.cumsum(x2, 0) + (tl.cumsum(tot, 0) - tot)[None, :], [T])
+    return incl, tl.sum(tot, 0)
+
+
 @triton.jit
 def put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o):
     # winners (mask win) to their W slots: packed key, raw score bits, position
@@ -212,7 +229,7 @@ SPLIT = tl.constexpr(16)  # order_row splits buckets again when the largest hold
 
 
 @triton.jit
-def _bit_length(x):
+def bit_length(x):
     # bits of a non-negative int64 from its float64 exponent (a rounding up gives one more: safe)
     e = ((x.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1022
     return tl.where(x > 0, e, 0)
@@ -236,7 +253,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     o = tl.load(wo_row + j, mask=live, other=0)
     hi = tl.max(tl.where(live, key, -1), 0)
     lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
-    sh = _bit_length(tl.maximum(hi - lo, 0) // KB)
+    sh = bit_length(tl.maximum(hi - lo, 0) // KB)
     bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
     tl.store(z_row + j, tl.zeros([KB], dtype=tl.int32))
     tl.debug_barrier()
@@ -262,7 +279,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
         tl.debug_barrier()
         bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
         bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
-        sh2 = _bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
+        sh2 = bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
         sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)  # < off + cb
         slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
         tl.debug_barrier()

@@ -154,16 +154,16 @@ def _row_config(n: int, num_warps=None, chunk=None, resident=None):
 
 if _HAVE_TRITON:
     from .radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
-                        score_key, top_digit, winner_workspace)
+                        scan_slots, score_key, top_digit, winner_workspace)
     from .select_finish import finish_row
 
     @triton.jit
-    def _top12_valid(s):
+    def top12_valid(s):
         # the top 12 bits of a valid candidate's score key (sign, exponent, 3 mantissa bits), -1 for an invalid one
         return tl.where(s != -2147483648, top_digit(s, 12), -1)
 
     @triton.jit
-    def _digit_hist(u, d1, PASS: tl.constexpr):
+    def digit_hist(u, d1, PASS: tl.constexpr):
         # histogram of the first (PASS 0: bits 11..6 of u) or second (PASS 1: bits 5..0, among
         # the candidates whose first digit is d1) 6-bit digit of the top-12 bits u (-1: invalid)
         if PASS == 0:
@@ -171,28 +171,27 @@ if _HAVE_TRITON:
         return tl.histogram(u & 63, 64, mask=(u >> 6) == d1)
 
     @triton.jit
-    def _chunk_hist(sc_row, id_row, N, d1, CHUNK: tl.constexpr, PASS: tl.constexpr):
+    def chunk_hist(sc_row, id_row, N, d1, CHUNK: tl.constexpr, PASS: tl.constexpr):
         h = tl.zeros([64], dtype=tl.int32)
         for c0 in range(0, N, CHUNK):
             b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
-            h += _digit_hist(_top12_valid(score_key(b, i)), d1, PASS)
+            h += digit_hist(top12_valid(score_key(b, i)), d1, PASS)
         return h
 
     @triton.jit
-    def _compact(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, wbase, pbase):
+    def compact_tile(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, wbase, pbase, T: tl.constexpr):
         # candidates above the 12-bit cutoff prefix P to W, those on it to P (in play), or to
-        # W too when all of them are needed; one scan for both counts (a tile holds < 2**16)
+        # W too when all of them are needed; one scan for both counts (a tile holds < 2**16),
+        # slots in the scan's column order (radix.scan_slots)
         u = top_digit(s, 12)
         valid = s != -2147483648
         on = valid & (u == P)
         whole = (u * 0 + all_in) != 0  # all_in as a tensor (a scalar bool in a mask trips the interpreter)
         win = valid & ((u > P) | (on & whole))
         play = on & (whole == 0)
-        packed = win.to(tl.int32) + (play.to(tl.int32) << 16)
-        incl = tl.cumsum(packed, 0)
+        incl, tot = scan_slots(win.to(tl.int32) + (play.to(tl.int32) << 16), T)
         put_winners(wk_row, wv_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), b, o)
         tl.store(p_row + pbase + (incl >> 16) - 1, o, mask=play)
-        tot = tl.sum(packed, 0)
         return wbase + (tot & 0xFFFF), pbase + (tot >> 16)
 
     @generic_jit
@@ -214,29 +213,29 @@ if _HAVE_TRITON:
         if RESIDENT:  # the row stays in registers for every pass
             b, i = load_chunk(sc_row, id_row, 0, N, BLOCK)
             s = score_key(b, i)
-            u = _top12_valid(s)
-            h1 = _digit_hist(u, 0, 0)
+            u = top12_valid(s)
+            h1 = digit_hist(u, 0, 0)
         else:
-            h1 = _chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
+            h1 = chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
         nsel = tl.minimum(tl.sum(h1, 0), K)
         d1, ab1, _ = pick_digit(h1, nsel, 64)
         if RESIDENT:
-            h2 = _digit_hist(u, d1, 1)
+            h2 = digit_hist(u, d1, 1)
         else:
-            h2 = _chunk_hist(sc_row, id_row, N, d1, CHUNK, 1)
+            h2 = chunk_hist(sc_row, id_row, N, d1, CHUNK, 1)
         d2, ab2, m = pick_digit(h2, nsel - ab1, 64)
         above = ab1 + ab2
         all_in = (nsel - above == m).to(tl.int32)
         P = (d1 << 6) | d2
         if RESIDENT:
-            _compact(s, b, i, tl.arange(0, BLOCK), P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0)
+            compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
         else:
             wbase = nsel * 0
             pbase = nsel * 0
             for c0 in range(0, N, CHUNK):
                 bc, ic = load_chunk(sc_row, id_row, c0, N, CHUNK)
-                wbase, pbase = _compact(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in,
-                                        wk_row, wv_row, wo_row, p_row, wbase, pbase)
+                wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in,
+                                            wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                    KB, D, CH, FR1, FR2)
