@@ -116,8 +116,9 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     warps, at most ``maxnreg`` registers a thread) orders the winners."""
     q, n = scores.shape
     kb = max(2, st.next_pow2(k))
-    block, nw, _, resident = sk._row_config(n)
-    assert resident, "the bench kernel holds the row in registers (N <= 16384)"
+    if n > sk.RESIDENT_MAX:
+        raise ValueError(f"the bench kernel holds the row in registers (N <= {sk.RESIDENT_MAX}), got N={n}")
+    block, nw, _, _ = sk._row_config(n, q, resident=True)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=scores.device)
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)

@@ -126,9 +126,11 @@ SLOT_COLS = tl.constexpr(512)  # scan_slots: columns of the [T / C, C] view of a
 def scan_slots(x, T: tl.constexpr):
     # inclusive prefix sums of the counts x (a [T] tile) in the column order of its [T / C, C]
     # view, and their total: distinct slots for the counted elements, in some order (the
-    # winner and in-play lists take any). Sums down the columns stay in a thread; one scan runs
-    # over the C column totals, not over T elements (H200, 16384-candidate tile: 0.36 against
-    # 0.47 ms for the row kernel at 1024 rows; bench/bench_row_phases.py)
+    # winner and in-play lists take any). Sums down the columns stay in a thread (or a few); one
+    # scan runs over the C column totals, not over T elements. H200, the row kernel's
+    # compaction (bench/bench_row_phases.py): 0.36 against 0.47 ms at 1024 rows of 16384. Not
+    # in the finish: there (a tile of the in-play list, 16 warps) it measured slower, 0.53
+    # against 0.51 ms at 1024 rows with a quarter of each row tied.
     C: tl.constexpr = SLOT_COLS if T > SLOT_COLS else T
     x2 = tl.reshape(x, [T // C, C])
     tot = tl.sum(x2, 0)

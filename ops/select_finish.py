@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .radix import digit, extend, pick_digit, prefix_is, put_winners, scan_slots, score_key
+from .radix import digit, extend, pick_digit, prefix_is, put_winners, score_key
 
 __all__ = ["finish_row"]
 
@@ -75,11 +75,10 @@ def play_hist(p_row, sc_row, id_row, m, T, V, t, p, D: tl.constexpr, mode, CH: t
 
 
 @triton.jit
-def store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.constexpr, T: tl.constexpr):
-    # the selected candidates of a [T] tile to W from slot base (slots in radix.scan_slots' order)
-    incl, tot = scan_slots(sel.to(tl.int32), T)
-    put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + incl - 1, sel, s, v, b, o)
-    return base + tot
+def store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.constexpr):
+    si = sel.to(tl.int32)
+    put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + tl.cumsum(si, 0) - 1, sel, s, v, b, o)
+    return base + tl.sum(si, 0)
 
 
 @triton.jit
@@ -128,14 +127,14 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
     if RES:
         v = 2147483647 - i
         sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
-        store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB, FR)
+        store_winners(wk_ptr, wv_ptr, wo_ptr, row, above, sel, s, v, b, o, KB)
     else:
         base = above
         for c0 in range(0, m, CH):
             mc, oc, bc, ic, sc = load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m)
             vc = 2147483647 - ic
             sel = mc & ((sc > T) | ((sc == T) & ((vc > V) | ((vc == V) & ((2147483647 - oc) >= W)))))
-            base = store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB, CH)
+            base = store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB)
 
 
 @triton.jit

@@ -24,13 +24,16 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
 * Score key ``s``: an int32 whose signed order is the total order above
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
   ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to ``RESIDENT_MAX``
-  candidates stay in registers (tiles of 4096 or 16384); longer rows are re-read in chunks.
+  candidates stay in registers (tiles of 4096 or 16384); longer rows, and rows of 4097..8192
+  from 64 rows, are re-read in chunks (``_row_config``).
 * Cutoff prefix: two ``tl.histogram`` passes of 6-bit digits over the top 12 bits of ``s``
   (sign, exponent, 3 mantissa bits) find the prefix ``P`` of the ``min(k, n_valid)``-th key.
 * Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
   (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)``, the raw score bits, the
   position) and the positions of those on ``P`` to the in-play list (random scores: a few
-  hundred of 16384; every one of them when all are needed).
+  hundred of 16384; every one of them when all are needed). The slots come from
+  ``radix.scan_slots`` (sums down the columns of a ``[T / 512, 512]`` view, one scan of the
+  column totals), so the lists are in column order, which no reader depends on.
 * Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
   in-play list on the score key, then the id, then the position, appends the still-needed
   winners to ``W``.
@@ -75,6 +78,8 @@ PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
 STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX candidates
+CHUNKED_MIN_ROWS = 64  # _row_config: rows of 4097..8192 candidates are re-read in chunks from this many rows
+WIDE_MIN_N = 32768  # _row_config: rows of more candidates than this take 32 warps
 
 try:  # Triton is optional: the module must import on CPU-only machines.
     import triton
@@ -128,22 +133,28 @@ def _num_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def _row_config(n: int, num_warps=None, chunk=None, resident=None):
-    """(block, num_warps, chunk, resident) of the row kernel for rows of ``n`` candidates.
+def _row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
+    """(block, num_warps, chunk, resident) of the row kernel for ``q`` rows of ``n`` candidates.
 
-    Register tiles of 4096 or 16384 keys (so a new ``N`` reuses a compiled kernel), chunks of
-    4096 re-read from memory beyond ``RESIDENT_MAX``. A chunk is a power of two of at most
-    16384 candidates (the compaction counts two fields of 16 bits in one scan).
+    Register tiles of 4096 or 16384 keys (so a new ``N`` reuses a compiled kernel); else chunks
+    re-read from memory: beyond ``RESIDENT_MAX``, and for rows of 4097..8192 candidates from
+    ``CHUNKED_MIN_ROWS`` rows (half of a 16384 tile would be padding). Chunks of 4096 with 16
+    warps; rows of more than ``WIDE_MIN_N`` candidates take 32 warps and chunks of 8192. H200,
+    bench/results/select_kernel_h200_d38c0dd.json (graph replay, Q >= 64): chunks at N = 8192
+    0.88-0.91x the register tile's time; 32 warps at N >= 65536 0.83-0.97x the 16 warps' (1.02x
+    at N = 65536, Q = 64, random scores), at N = 32768 1.00-1.04x (so not there). A chunk is a
+    power of two of at most 16384 candidates (the compaction counts two fields of 16 bits in one
+    scan).
     """
     if resident is None:
-        resident = n <= RESIDENT_MAX
+        resident = n <= RESIDENT_MAX and not (4096 < n <= 8192 and q >= CHUNKED_MIN_ROWS)
     if resident and n > RESIDENT_MAX:
         raise ValueError(f"resident=True holds at most {RESIDENT_MAX} candidates a row in registers, got N={n}")
     if chunk is not None and (int(chunk) < 16 or int(chunk) > 16384 or int(chunk) & (int(chunk) - 1)):
         raise ValueError(f"chunk must be a power of two in 16..16384, got {chunk}")
     block = (4096 if n <= 4096 else RESIDENT_MAX) if resident else max(16, select_staged.next_pow2(n))
     if num_warps is None:
-        num_warps = max(4, min(16, block // 1024)) if resident else 16
+        num_warps = max(4, min(16, block // 1024)) if resident else (32 if n > WIDE_MIN_N else 16)
     if chunk is None:
         chunk = 256 * num_warps
     chunk = min(block, int(chunk))
@@ -251,7 +262,7 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
     if path == "row":  # the row kernel orders its own winners
-        return (path, kb, "bucket") + _row_config(n)
+        return (path, kb, "bucket") + _row_config(n, q)
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
     tile = select_staged.rank_tile(q, kb, n_sm) if order == "rank" else ()
     return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm)
@@ -314,7 +325,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     kb = max(2, select_staged.next_pow2(k))
     if path == "staged":
         return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, order=order, **dict(staged or {}))
-    block, nw, chunk, resident = _row_config(n, num_warps, chunk, resident)
+    block, nw, chunk, resident = _row_config(n, q, num_warps, chunk, resident)
     fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)

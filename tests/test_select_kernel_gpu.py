@@ -184,15 +184,16 @@ def test_references_agree():
 SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 
 
-VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False)}
+VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False),
+            "row_wide": dict(resident=False, num_warps=32, chunk=8192)}  # the tile of rows beyond WIDE_MIN_N
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,k", SMALL)
 def test_small_against_python(kind, n, k, variant):
-    """The staged path and both phase-1 variants of the row kernel (keys in registers /
-    chunks re-read) against a plain sort."""
+    """The staged path and the row kernel's tiles (keys in registers / chunks re-read, with 16
+    or 32 warps) against a plain sort."""
     _require_kernel()
     scores, ids = make_case(kind, 2, n, k, seed=7)
     got = run_kernel(scores, ids, k, **VARIANTS[variant])

@@ -27,5 +27,18 @@ def test_launch_plans_are_shape_generic():
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4096, 1024)
 
 
+def test_row_tiles():
+    """The row kernel's tile (block, warps, chunk, in registers) by row length and rows, at the
+    H200 crossovers that select_kernel._row_config names."""
+    assert sk.launch_plan(63, 8192, 2048)[3:] == (16384, 16, 4096, True)
+    assert sk.launch_plan(64, 8192, 2048)[3:] == (4096, 16, 4096, False)  # 4097..8192 a row: chunks
+    assert sk.launch_plan(64, 4097, 2048)[3:] == (4096, 16, 4096, False)
+    assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True)
+    assert sk.launch_plan(64, 4096, 2048)[3:] == (4096, 4, 1024, True)
+    assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False)
+    assert sk.launch_plan(64, 32769, 2048)[3:] == (8192, 32, 8192, False)  # beyond WIDE_MIN_N: 32 warps
+    assert sk.launch_plan(64, 131072, 2048)[3:] == (8192, 32, 8192, False)
+
+
 def test_limits():
     assert sk.supports(131072, 2048) and not sk.supports(131073, 2048) and not sk.supports(16, 2049)
