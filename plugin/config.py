@@ -138,12 +138,12 @@ KNOBS: tuple[Knob, ...] = (
          "(the race times what will run): auto = tpflare's exact Triton kernels on CUDA where "
          "Triton runs and the row has at most 131072 candidates (k <= 2048), else the torch path; "
          "torch = packed-key torch.topk; triton = like auto, but an error where Triton cannot run. "
-         "On an H200 under CUDA-graph replay the kernels are 1.86-6.7x faster than the torch path "
+         "On an H200 under CUDA-graph replay the kernels are 1.86-7.0x faster than the torch path "
          "with random scores (N 8192-131072, Q 1-4096) and not slower than plain fp32 torch.topk up "
-         "to 256 rows of 16384; slower than the torch path only with a quarter of the row tied at "
-         "the cutoff at N >= 65536 and Q <= 8 (0.56-0.86x); a new launch plan compiles in 3.7-7.0 s "
-         "on its first call with an empty Triton cache (about 0.5 s in a later process, nothing for "
-         "a new shape of a compiled plan); tpflare.ops.select_kernel.precompile"
+         "to 512 rows of 16384 (0.82-0.90x from 1024 rows); slower than the torch path only with a "
+         "quarter of the row tied at the cutoff at N >= 65536 and Q <= 8 (0.61-0.92x); a new launch "
+         "plan compiles in 4.4-7.9 s on its first call with an empty Triton cache (about 0.7 s in a "
+         "later process, nothing for a new shape of a compiled plan); tpflare.ops.select_kernel.precompile"
          "(capacities) compiles a server's plans at preparation; see "
          "docs/benchmarks_select_kernel.md. CPU always uses torch."),
     Knob("race_warmup", _parse_int, 3, "Race: untimed warm-up runs per composition.", minimum=0),
