@@ -185,7 +185,8 @@ SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 
 
 VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False),
-            "row_wide": dict(resident=False, num_warps=32, chunk=8192)}  # the tile of rows beyond WIDE_MIN_N
+            "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # the tile of rows beyond WIDE_MIN_N
+            "row_chunk128": dict(resident=False, chunk=128)}  # chunks narrower than radix.SLOT_COLS
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
