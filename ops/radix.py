@@ -231,7 +231,7 @@ SPLIT = tl.constexpr(16)  # order_row splits buckets again when the largest hold
 
 
 @triton.jit
-def bit_length(x):
+def _bit_length(x):
     # bits of a non-negative int64 from its float64 exponent (a rounding up gives one more: safe)
     e = ((x.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1022
     return tl.where(x > 0, e, 0)
@@ -255,7 +255,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     o = tl.load(wo_row + j, mask=live, other=0)
     hi = tl.max(tl.where(live, key, -1), 0)
     lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
-    sh = bit_length(tl.maximum(hi - lo, 0) // KB)
+    sh = _bit_length(tl.maximum(hi - lo, 0) // KB)
     bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
     tl.store(z_row + j, tl.zeros([KB], dtype=tl.int32))
     tl.debug_barrier()
@@ -281,7 +281,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
         tl.debug_barrier()
         bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
         bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
-        sh2 = bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
+        sh2 = _bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
         sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)  # < off + cb
         slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
         tl.debug_barrier()

@@ -141,8 +141,8 @@ def _row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     ``CHUNKED_MIN_ROWS`` rows (half of a 16384 tile would be padding). Chunks of 4096 with 16
     warps; rows of more than ``WIDE_MIN_N`` candidates take 32 warps and chunks of 8192. H200,
     bench/results/select_kernel_h200_d38c0dd.json (graph replay, Q >= 64): chunks at N = 8192
-    0.88-0.91x the register tile's time; 32 warps at N >= 65536 0.83-0.97x the 16 warps' (1.02x
-    at N = 65536, Q = 64, random scores), at N = 32768 1.00-1.04x (so not there). A chunk is a
+    0.88-0.92x the register tile's time; 32 warps at N >= 65536 0.85-0.97x the 16 warps' (1.02x
+    at N = 65536, Q = 64, random scores), at N = 32768 0.98-1.04x (so not there). A chunk is a
     power of two of at most 16384 candidates (the compaction counts two fields of 16 bits in one
     scan).
     """
