@@ -13,7 +13,11 @@ bit for bit against the production kernel):
   kernel before ``radix.scan_slots``);
 * ``split*``: the row kernel stops after the finish and a kernel of its own orders the winners
   (``radix.order_row``), with ``split_warps`` warps and a register cap ``maxnreg`` (two or more
-  programs an SM).
+  programs an SM);
+* ``gather``: ``order_row_gather``, the ordering with ``tl.gather`` from registers where
+  ``radix.order_row`` goes through global scratch (the buckets' offsets and sizes; the members'
+  keys and positions in the in-bucket count): fewer barriers and L2 round trips in its chain.
+  Prepared, not yet measured.
 
 Measured and dropped (records ``bench/results/select_kernel_h200_phases_ed6e841-*.json``, the
 code in docs/benchmarks_select_kernel.md): a tile of score keys only (ids re-read by position),
@@ -34,8 +38,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
-from tpflare.ops.radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_row, pick_digit, put_winners,  # noqa: E402
-                               score_key, top_digit, winner_workspace)
+from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, generic_jit, key_id, load_chunk, order_row,  # noqa: E402
+                               pick_digit, put_winners, score_key, top_digit, winner_workspace)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
 
@@ -53,6 +57,78 @@ def compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row):
     tl.store(p_row + (incl >> 16) - 1, o, mask=play)
 
 
+@triton.jit
+def _bits(x):
+    # bit length of a non-negative int64, as radix.order_row computes it
+    e = ((x.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1022
+    return tl.where(x > 0, e, 0)
+
+
+@triton.jit
+def order_row_gather(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
+    # radix.order_row (same buckets, same result) with register gathers: a winner's bucket
+    # offset and size come from the scan in registers (tl.gather), not from a store, a barrier
+    # and two loads; the in-bucket count gathers the members' keys and positions from registers
+    # after one load of the bucket-ordered member list
+    j = tl.arange(0, KB)
+    live = j < nsel
+    key = tl.load(wk_row + j, mask=live, other=-1)
+    o = tl.load(wo_row + j, mask=live, other=0)
+    hi = tl.max(tl.where(live, key, -1), 0)
+    lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
+    sh = _bits(tl.maximum(hi - lo, 0) // KB)
+    bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
+    tl.store(z_row + j, tl.zeros([KB], dtype=tl.int32))
+    tl.debug_barrier()
+    slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+    tl.debug_barrier()
+    c = tl.load(z_row + j, cache_modifier=".cg")
+    offs = tl.cumsum(c, 0) - c
+    big = tl.max(c, 0)
+    off = tl.where(live, tl.gather(offs, bkt, 0), 0)
+    cb = tl.where(live, tl.gather(c, bkt, 0), 0)
+    if big > SPLIT:  # second level, as radix.order_row
+        c2 = z_row + 3 * KB
+        o2 = z_row + 4 * KB
+        yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
+        yl = yh + KB
+        tl.store(c2 + j, tl.zeros([KB], dtype=tl.int32))
+        tl.store(yh + j, tl.full([KB], -1, tl.int64))
+        tl.store(yl + j, tl.full([KB], 9223372036854775807, tl.int64))
+        tl.debug_barrier()
+        tl.atomic_max(yh + bkt, key, mask=live, sem="relaxed", scope="cta")
+        tl.atomic_min(yl + bkt, key, mask=live, sem="relaxed", scope="cta")
+        tl.debug_barrier()
+        bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
+        bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
+        sh2 = _bits(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
+        sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)
+        slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+        tl.debug_barrier()
+        cc = tl.load(c2 + j, cache_modifier=".cg")
+        offs2 = tl.cumsum(cc, 0) - cc
+        big = tl.max(cc, 0)
+        cb = tl.where(live, tl.gather(cc, sub, 0), 0)
+        off = tl.where(live, tl.gather(offs2, sub, 0), 0)
+    r = tl.zeros([KB], dtype=tl.int32)
+    if big > 1:
+        lst = z_row + 2 * KB
+        tl.store(lst + off + slot, j, mask=live)
+        tl.debug_barrier()
+        members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
+        for t in range(0, big):
+            mt = live & (t < cb)
+            jo = tl.gather(members, tl.minimum(off + t, KB - 1), 0)
+            ko = tl.gather(key, jo, 0)
+            oo = tl.gather(o, jo, 0)
+            r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
+    dest = tl.where(live, off + r, j)
+    val = tl.load(wv_row + j, mask=live, other=-8388608)
+    mk = dest < K
+    tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
+    tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+
+
 @generic_jit
 def _order_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
     # grid (Q,): one row's winners ordered by a kernel of its own
@@ -65,7 +141,8 @@ def _order_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s
 def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr,
                        N, K, s_sq, s_iq, s_oi, s_os,
                        BLOCK: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                       FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr):
+                       FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr,
+                       GATHER: tl.constexpr):
     # select_kernel._row_kernel (resident tile) up to phase STOP
     row = tl.program_id(0).to(tl.int64)
     sc_row = sc_ptr + row * s_sq
@@ -106,11 +183,15 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
                                above, m, KB, D, CH, FR1, FR2)
                     if STOP == 5:
                         tl.debug_barrier()
-                        order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
-                                  oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+                        if GATHER:
+                            order_row_gather(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
+                                             oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+                        else:
+                            order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
+                                      oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
 
 
-def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None):
+def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, gather=False):
     """The row kernel (resident tile) up to phase ``stop``; returns (ids, scores) at stop 5.
     ``split``: the row kernel stops after the finish and ``_order_kernel`` (``split_warps``
     warps, at most ``maxnreg`` registers a thread) orders the winners."""
@@ -126,7 +207,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     fr2 = st.FIN_TIERS[1]
     _row_prefix_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0),
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
-                             FR1=min(st.FIN_TIERS[0], fr2), FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d,
+                             FR1=min(st.FIN_TIERS[0], fr2), FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, GATHER=gather,
                              num_warps=nw)
     if split:
         _order_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
@@ -135,7 +216,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
 
 
 STOPS = ("load+key", "+hist1", "+hist2", "+compact", "+finish", "+order")
-VARIANTS = {"default": {}, "scan1d": dict(scan1d=True),
+VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "gather": dict(gather=True),
             "split16": dict(split=True, split_warps=16),
             "split16r64": dict(split=True, split_warps=16, maxnreg=64),
             "split32": dict(split=True, split_warps=32),
@@ -167,7 +248,7 @@ def main(argv=None) -> int:
                                                                           ref[1].view(torch.int32)))
                 prev = 0.0
                 for stop, sname in enumerate(STOPS):
-                    if vname != "default" and stop < (5 if "split" in kw else 3):
+                    if vname != "default" and stop < (5 if ("split" in kw or "gather" in kw) else 3):
                         continue  # a variant changes only its phase and those after it
                     ms = time_graph(lambda s, i, stop=stop, kw=kw: row_prefix(s, i, k, stop, **kw), sets, 10, 10)
                     recs.append(dict(kind="prefix", variant=vname, pattern=pattern, q=q, n=n, stage=sname,
