@@ -1,6 +1,7 @@
 """Where the time of the row kernel goes, phase by phase, and bench-only variants of it (H200).
 
     python bench/bench_row_phases.py --out phases.json [--q 64 256 1024 4096] [--n 16384]
+    python bench/bench_row_phases.py --ptx      # no GPU: PTX instructions a thread, phase by phase
 
 The bench kernel ``_row_prefix_kernel`` is the row kernel of ``ops/select_kernel.py`` (the
 resident tile) built from the same helpers, stopped after phase ``STOP`` (0 load and score key,
@@ -38,8 +39,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
-from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, generic_jit, key_id, load_chunk, order_row,  # noqa: E402
-                               pick_digit, put_winners, score_key, top_digit, winner_workspace)
+from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bucket_counts, generic_jit, load_chunk, order_row,  # noqa: E402
+                               pick_digit, put_winners, score_key, split_buckets, top_digit, winner_workspace,
+                               write_ranked)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
 
@@ -58,58 +60,20 @@ def compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row):
 
 
 @triton.jit
-def _bits(x):
-    # bit length of a non-negative int64, as radix.order_row computes it
-    e = ((x.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1022
-    return tl.where(x > 0, e, 0)
-
-
-@triton.jit
 def order_row_gather(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
-    # radix.order_row (same buckets, same result) with register gathers: a winner's bucket
+    # radix.order_row (same buckets, same result) with register gathers: a winner's (sub-)bucket
     # offset and size come from the scan in registers (tl.gather), not from a store, a barrier
     # and two loads; the in-bucket count gathers the members' keys and positions from registers
     # after one load of the bucket-ordered member list
-    j = tl.arange(0, KB)
-    live = j < nsel
-    key = tl.load(wk_row + j, mask=live, other=-1)
-    o = tl.load(wo_row + j, mask=live, other=0)
-    hi = tl.max(tl.where(live, key, -1), 0)
-    lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
-    sh = _bits(tl.maximum(hi - lo, 0) // KB)
-    bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
-    tl.store(z_row + j, tl.zeros([KB], dtype=tl.int32))
-    tl.debug_barrier()
-    slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
-    tl.debug_barrier()
-    c = tl.load(z_row + j, cache_modifier=".cg")
-    offs = tl.cumsum(c, 0) - c
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB)
     big = tl.max(c, 0)
-    off = tl.where(live, tl.gather(offs, bkt, 0), 0)
+    off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
     cb = tl.where(live, tl.gather(c, bkt, 0), 0)
-    if big > SPLIT:  # second level, as radix.order_row
-        c2 = z_row + 3 * KB
-        o2 = z_row + 4 * KB
-        yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
-        yl = yh + KB
-        tl.store(c2 + j, tl.zeros([KB], dtype=tl.int32))
-        tl.store(yh + j, tl.full([KB], -1, tl.int64))
-        tl.store(yl + j, tl.full([KB], 9223372036854775807, tl.int64))
-        tl.debug_barrier()
-        tl.atomic_max(yh + bkt, key, mask=live, sem="relaxed", scope="cta")
-        tl.atomic_min(yl + bkt, key, mask=live, sem="relaxed", scope="cta")
-        tl.debug_barrier()
-        bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
-        bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
-        sh2 = _bits(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
-        sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)
-        slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
-        tl.debug_barrier()
-        cc = tl.load(c2 + j, cache_modifier=".cg")
-        offs2 = tl.cumsum(cc, 0) - cc
+    if big > SPLIT:
+        sub, slot, cc = split_buckets(key, live, bkt, off, cb, j, z_row, KB)
         big = tl.max(cc, 0)
         cb = tl.where(live, tl.gather(cc, sub, 0), 0)
-        off = tl.where(live, tl.gather(offs2, sub, 0), 0)
+        off = tl.where(live, tl.gather(tl.cumsum(cc, 0) - cc, sub, 0), 0)
     r = tl.zeros([KB], dtype=tl.int32)
     if big > 1:
         lst = z_row + 2 * KB
@@ -122,11 +86,7 @@ def order_row_gather(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, K
             ko = tl.gather(key, jo, 0)
             oo = tl.gather(o, jo, 0)
             r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
-    dest = tl.where(live, off + r, j)
-    val = tl.load(wv_row + j, mask=live, other=-8388608)
-    mk = dest < K
-    tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
-    tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+    write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
 
 
 @generic_jit
@@ -199,7 +159,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     kb = max(2, st.next_pow2(k))
     if n > sk.RESIDENT_MAX:
         raise ValueError(f"the bench kernel holds the row in registers (N <= {sk.RESIDENT_MAX}), got N={n}")
-    block, nw, _, _ = sk._row_config(n, q, resident=True)
+    block, nw, _, _ = sk.row_config(n, q, resident=True)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=scores.device)
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
@@ -216,6 +176,40 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
 
 
 STOPS = ("load+key", "+hist1", "+hist2", "+compact", "+finish", "+order")
+
+
+def ptx_counts(arch: int = 90) -> int:
+    """Instructions of each prefix kernel's PTX (16384-candidate tile, k = 2048), for the
+    production compaction and ``scan1d``, with the opcodes the compaction adds; no GPU (Triton's
+    pipeline and the bundled ptxas, as tools/compile_select_kernels.py)."""
+    import collections
+    import re
+
+    sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/tools")
+    from compile_select_kernels import compile_one
+
+    def instructions(ptx):
+        body = ptx[ptx.index(".entry"):]
+        body = body[body.index("{"):body.index("\n}\n")]
+        ops = [m.group(2) for m in (re.match(r"\s*(@!?%p\d+\s+)?([a-z][\w.]*)", line) for line in body.split("\n")[1:])
+               if m and not m.group(2).startswith(("reg", "local", "shared"))]
+        return collections.Counter(ops)
+
+    consts = dict(BLOCK=16384, KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], GATHER=False)
+    def count(stop, scan1d=False):
+        return instructions(compile_one(_row_prefix_kernel, dict(consts, STOP=stop, SCAN1D=scan1d), 16,
+                                        arch).asm["ptx"])
+
+    base = {stop: count(stop) for stop in (0, 1, 2)}
+    print("instructions a thread (16 warps, 32 candidates a thread): "
+          + ", ".join(f"to {STOPS[k]} {sum(c.values())}" for k, c in base.items()))
+    for scan1d in (False, True):
+        c3 = count(3, scan1d)
+        added = c3 - base[2]
+        top = ", ".join(f"{op} {n}" for op, n in added.most_common(6))
+        print(f"{'scan1d' if scan1d else 'default'}: to +compact {sum(c3.values())}; the compaction adds "
+              f"{sum(c3.values()) - sum(base[2].values())} (most added: {top})")
+    return 0
 VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "gather": dict(gather=True),
             "split16": dict(split=True, split_warps=16),
             "split16r64": dict(split=True, split_warps=16, maxnreg=64),
@@ -227,12 +221,17 @@ VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "gather": dict(gather=Tr
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--q", type=int, nargs="*", default=[64, 1024])
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--patterns", default="random,ties")
+    ap.add_argument("--ptx", action="store_true", help="only count PTX instructions of the prefixes (no GPU)")
     a = ap.parse_args(argv)
+    if a.ptx:
+        return ptx_counts()
+    if not a.out:
+        ap.error("--out is required (except with --ptx)")
     k, n = a.k, a.n
     recs = []
     for pattern in a.patterns.split(","):

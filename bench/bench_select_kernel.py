@@ -41,7 +41,7 @@ GRIDS = {
     + [(n, q) for n in (8192, 32768, 65536, 131072) for q in (1, 8, 64, 256, 1024)],
     "small": [(16384, q) for q in (1, 8, 64, 256, 1024)] + [(n, q) for n in (32768, 131072) for q in (1, 64)],
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
-    # the row-kernel tile thresholds (select_kernel._row_config): rows of 4097..8192 below and
+    # the row-kernel tile thresholds (select_kernel.row_config): rows of 4097..8192 below and
     # above CHUNKED_MIN_ROWS, and rows around WIDE_MIN_N; with --variants
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (32768, 40000, 65536) for q in (33, 64, 256)],
@@ -104,8 +104,8 @@ def variants(q: int, n: int) -> dict:
         v["staged_unfused"] = dict(path="staged", staged=dict(fuse=False))
     if q >= 64:  # row kernel tiles: registers with 8 warps, or chunks re-read with 4 / 8 warps
         v.update(row_w8=dict(num_warps=8), row_w32=dict(num_warps=32), row_c4=dict(resident=False, num_warps=4, chunk=1024),
-                 row_c8=dict(resident=False, num_warps=8, chunk=2048), row_c16=dict(resident=False, num_warps=16, chunk=4096))
-    if q > 4:  # the tiles _row_config chooses between, forced (its thresholds: --grid tiles)
+                 row_c8=dict(resident=False, num_warps=8, chunk=2048))
+    if q > 4:  # the tiles row_config chooses between, forced (its thresholds: --grid tiles)
         if n <= 16384:
             v["row_regs"] = dict(resident=True)
         v.update(row_c16=dict(resident=False, num_warps=16, chunk=4096),

@@ -238,17 +238,11 @@ def _bit_length(x):
 
 
 @triton.jit
-def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
-    # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
-    # past them. Bucket rank: the winners' packed keys span [lo, hi]; a shift maps hi - key to
-    # one of KB buckets (bucket 0 = the largest keys); an atomic count a winner gives the bucket
-    # sizes and each winner a slot in its bucket (any order); a scan of the sizes gives the
-    # buckets' output offsets. When a bucket holds more than SPLIT winners (keys in clusters:
-    # a tie group and a few others), every bucket splits again the same way over its own key
-    # range into as many sub-buckets as it has winners, laid out in its own output range, so
-    # one scan over all of them gives every sub-bucket's offset. A winner's rank in its
-    # (sub-)bucket counts the members before it: a larger key, or an equal key at an earlier
-    # position. Work: KB winners x the largest (sub-)bucket. z_row: ORDER_SCRATCH x KB int32.
+def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr):
+    # order_row's first level: the winners' packed keys span [lo, hi]; a shift maps hi - key to
+    # one of KB buckets (bucket 0 = the largest keys); one atomic add a winner gives each its
+    # slot in its bucket (any order); returns (j, live, key, position, bucket, slot, bucket
+    # sizes c). z_row[0:KB] holds the sizes.
     j = tl.arange(0, KB)
     live = j < nsel
     key = tl.load(wk_row + j, mask=live, other=-1)
@@ -262,34 +256,66 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
     c = tl.load(z_row + j, cache_modifier=".cg")
+    return j, live, key, o, bkt, slot, c
+
+
+@triton.jit
+def split_buckets(key, live, bkt, off, cb, j, z_row, KB: tl.constexpr):
+    # order_row's second level: every bucket (output offset off, size cb) splits over its own key
+    # range into cb sub-buckets laid out in its output range; returns (sub-bucket, slot in it,
+    # sub-bucket sizes cc). z_row[3KB:4KB] holds the sizes, [5KB:9KB] the buckets' key ranges.
+    c2 = z_row + 3 * KB
+    yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
+    yl = yh + KB
+    tl.store(c2 + j, tl.zeros([KB], dtype=tl.int32))
+    tl.store(yh + j, tl.full([KB], -1, tl.int64))
+    tl.store(yl + j, tl.full([KB], 9223372036854775807, tl.int64))
+    tl.debug_barrier()
+    tl.atomic_max(yh + bkt, key, mask=live, sem="relaxed", scope="cta")
+    tl.atomic_min(yl + bkt, key, mask=live, sem="relaxed", scope="cta")
+    tl.debug_barrier()
+    bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
+    bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
+    sh2 = _bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
+    sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)  # < off + cb
+    slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+    tl.debug_barrier()
+    cc = tl.load(c2 + j, cache_modifier=".cg")
+    return sub, slot, cc
+
+
+@triton.jit
+def write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K):
+    # winners to their output slots dest (ids from the key, score bits from W); pads past them
+    val = tl.load(wv_row + j, mask=live, other=-8388608)
+    mk = dest < K
+    tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
+    tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+
+
+@triton.jit
+def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
+    # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
+    # past them. Bucket rank: bucket_counts gives the bucket sizes and each winner a slot in its
+    # bucket; a scan of the sizes gives the buckets' output offsets. When a bucket holds more
+    # than SPLIT winners (keys in clusters: a tie group and a few others), every bucket splits
+    # again (split_buckets), so one scan over all sub-buckets gives every sub-bucket's offset.
+    # A winner's rank in its (sub-)bucket counts the members before it: a larger key, or an
+    # equal key at an earlier position. Work: KB winners x the largest (sub-)bucket.
+    # z_row: ORDER_SCRATCH x KB int32.
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
     off = tl.load(z_row + KB + bkt, mask=live, other=0, cache_modifier=".cg")
     cb = tl.load(z_row + bkt, mask=live, other=0, cache_modifier=".cg")
     if big > SPLIT:  # second level over each bucket's own key range
-        c2 = z_row + 3 * KB
+        sub, slot, cc = split_buckets(key, live, bkt, off, cb, j, z_row, KB)
         o2 = z_row + 4 * KB
-        yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
-        yl = yh + KB
-        tl.store(c2 + j, tl.zeros([KB], dtype=tl.int32))
-        tl.store(yh + j, tl.full([KB], -1, tl.int64))
-        tl.store(yl + j, tl.full([KB], 9223372036854775807, tl.int64))
-        tl.debug_barrier()
-        tl.atomic_max(yh + bkt, key, mask=live, sem="relaxed", scope="cta")
-        tl.atomic_min(yl + bkt, key, mask=live, sem="relaxed", scope="cta")
-        tl.debug_barrier()
-        bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
-        bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
-        sh2 = _bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
-        sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)  # < off + cb
-        slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
-        tl.debug_barrier()
-        cc = tl.load(c2 + j, cache_modifier=".cg")
         tl.store(o2 + j, tl.cumsum(cc, 0) - cc)
         big = tl.max(cc, 0)
         tl.debug_barrier()
-        cb = tl.load(c2 + sub, mask=live, other=0, cache_modifier=".cg")
+        cb = tl.load(z_row + 3 * KB + sub, mask=live, other=0, cache_modifier=".cg")
         off = tl.load(o2 + sub, mask=live, other=0, cache_modifier=".cg")
     r = tl.zeros([KB], dtype=tl.int32)
     if big > 1:
@@ -302,11 +328,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
             ko = tl.load(wk_row + jo, mask=mt, other=-1)
             oo = tl.load(wo_row + jo, mask=mt, other=0)
             r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
-    dest = tl.where(live, off + r, j)
-    val = tl.load(wv_row + j, mask=live, other=-8388608)
-    mk = dest < K
-    tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
-    tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+    write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
 
 
 @generic_jit

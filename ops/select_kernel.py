@@ -25,7 +25,7 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
   ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to ``RESIDENT_MAX``
   candidates stay in registers (tiles of 4096 or 16384); longer rows, and rows of 4097..8192
-  from 64 rows, are re-read in chunks (``_row_config``).
+  from 64 rows, are re-read in chunks (``row_config``).
 * Cutoff prefix: two ``tl.histogram`` passes of 6-bit digits over the top 12 bits of ``s``
   (sign, exponent, 3 mantissa bits) find the prefix ``P`` of the ``min(k, n_valid)``-th key.
 * Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
@@ -67,7 +67,7 @@ import torch
 
 from . import select_staged
 
-__all__ = ["available", "supports", "choose_path", "launch_plan", "precompile", "triton_ordered_select",
+__all__ = ["available", "supports", "choose_path", "row_config", "launch_plan", "precompile", "triton_ordered_select",
            "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
 
 log = logging.getLogger("tpflare.select_kernel")
@@ -78,8 +78,8 @@ PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
 STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX candidates
-CHUNKED_MIN_ROWS = 64  # _row_config: rows of 4097..8192 candidates are re-read in chunks from this many rows
-WIDE_MIN_N = 32768  # _row_config: rows of more candidates than this take 32 warps
+CHUNKED_MIN_ROWS = 64  # row_config: rows of 4097..8192 candidates are re-read in chunks from this many rows
+WIDE_MIN_N = 32768  # row_config: rows of more candidates than this take 32 warps
 
 try:  # Triton is optional: the module must import on CPU-only machines.
     import triton
@@ -133,7 +133,7 @@ def _num_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def _row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
+def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     """(block, num_warps, chunk, resident) of the row kernel for ``q`` rows of ``n`` candidates.
 
     Register tiles of 4096 or 16384 keys (so a new ``N`` reuses a compiled kernel); else chunks
@@ -262,7 +262,7 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
     if path == "row":  # the row kernel orders its own winners
-        return (path, kb, "bucket") + _row_config(n, q)
+        return (path, kb, "bucket") + row_config(n, q)
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
     tile = select_staged.rank_tile(q, kb, n_sm) if order == "rank" else ()
     return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm)
@@ -325,7 +325,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     kb = max(2, select_staged.next_pow2(k))
     if path == "staged":
         return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, order=order, **dict(staged or {}))
-    block, nw, chunk, resident = _row_config(n, q, num_warps, chunk, resident)
+    block, nw, chunk, resident = row_config(n, q, num_warps, chunk, resident)
     fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)

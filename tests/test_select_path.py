@@ -29,7 +29,7 @@ def test_launch_plans_are_shape_generic():
 
 def test_row_tiles():
     """The row kernel's tile (block, warps, chunk, in registers) by row length and rows, at the
-    H200 crossovers that select_kernel._row_config names."""
+    H200 crossovers that select_kernel.row_config names."""
     assert sk.launch_plan(63, 8192, 2048)[3:] == (16384, 16, 4096, True)
     assert sk.launch_plan(64, 8192, 2048)[3:] == (4096, 16, 4096, False)  # 4097..8192 a row: chunks
     assert sk.launch_plan(64, 4097, 2048)[3:] == (4096, 16, 4096, False)

@@ -1,6 +1,6 @@
 """Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
 
-    python tools/compile_select_kernels.py [--arch 90] [name ...]
+    python tools/compile_select_kernels.py [--arch 90] [--stages] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
@@ -8,7 +8,10 @@ tile classes of k = 2048, without a GPU, and prints each one's compile seconds a
 (a lower bound on what a cold first call costs on the GPU host), and, from the bundled ptxas's
 ``-v`` on the same PTX, the registers a thread and the spill bytes (what bounds how many
 programs share an SM). It checks code generation only; the Triton interpreter (``TRITON_INTERPRET=1``, tests/test_select_kernel_gpu.py) checks
-what the kernels compute. Names select kernels by substring.
+what the kernels compute. Names select kernels by substring. ``--stages`` adds the seconds of
+each stage of the pipeline (the rest of the total is Triton's Python front end). Every run
+compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
+compile.
 """
 from __future__ import annotations
 
@@ -20,13 +23,15 @@ import sys
 import tempfile
 import time
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpflare_compile_")  # cold compiles, every run
 
-from tpflare.ops import radix as rx
-from tpflare.ops import select_kernel as sk
-from tpflare.ops import select_staged as st
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource  # noqa: E402
+
+from tpflare.ops import radix as rx  # noqa: E402
+from tpflare.ops import select_kernel as sk  # noqa: E402
+from tpflare.ops import select_staged as st  # noqa: E402
 
 _TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr="*i64", wv_ptr="*i32",
               wo_ptr="*i32", cnt_ptr="*i32", oid_ptr="*i32", osc_ptr="*fp32", key_ptr="*i64", pos_ptr="*i64",
@@ -69,16 +74,41 @@ def ptxas_usage(ptx: str, arch: int) -> str:
     return f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
 
 
-def compile_one(fn, consts: dict, num_warps: int, arch: int):
+def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict | None = None):
+    """Triton's whole pipeline for ``fn`` at ``consts``; ``stage_seconds`` (a dict) receives the
+    seconds of each of the backend's stages (ttir, ttgir, llir, ptx, cubin)."""
     names = fn.arg_names
     sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    target = GPUTarget("cuda", arch, 32)
+    if stage_seconds is None:
+        return triton.compile(src, target=target, options={"num_warps": num_warps})
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    add_stages = CUDABackend.add_stages
+
+    def timed(self, stages, *args, **kwargs):
+        add_stages(self, stages, *args, **kwargs)
+        for name, stage in list(stages.items()):
+            def run(*a, _stage=stage, _name=name, **k):
+                t0 = time.perf_counter()
+                try:
+                    return _stage(*a, **k)
+                finally:
+                    stage_seconds[_name] = stage_seconds.get(_name, 0.0) + time.perf_counter() - t0
+            stages[name] = run
+
+    CUDABackend.add_stages = timed
+    try:
+        return triton.compile(src, target=target, options={"num_warps": num_warps})
+    finally:
+        CUDABackend.add_stages = add_stages
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (H100/H200: 90)")
+    ap.add_argument("--stages", action="store_true", help="also the seconds of each pipeline stage")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     failed = 0
@@ -86,10 +116,15 @@ def main(argv=None) -> int:
         if a.names and not any(x in name for x in a.names):
             continue
         t0 = time.time()
+        stages = {} if a.stages else None
         try:
-            k = compile_one(fn, dict(consts), nw, a.arch)
+            k = compile_one(fn, dict(consts), nw, a.arch, stages)
             dt = time.time() - t0
-            print(f"ok   {name}: {dt:.1f} s, cubin {len(k.asm['cubin'])} bytes, "
+            by_stage = ""
+            if stages:
+                by_stage = " (" + ", ".join(f"{n} {v:.2f}" for n, v in stages.items()) + \
+                    f", front end {dt - sum(stages.values()):.2f})"
+            print(f"ok   {name}: {dt:.1f} s{by_stage}, cubin {len(k.asm['cubin'])} bytes, "
                   f"{ptxas_usage(k.asm['ptx'], a.arch)}", flush=True)
         except Exception as e:  # report every kernel, then fail
             failed += 1
