@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 
 from .backend import register as _register_backend, tpflare_backend  # noqa: E402
 from .row_shards import refresh_row_shards, register_row_shard  # noqa: E402,F401
+from . import latent_history  # noqa: E402,F401  tpflare.latent_history.clear() for a stack's own reset
 from .inductor import compile_fx  # noqa: E402,F401
 from .passes.collectives import register_all_reduce, unregister_all_reduce  # noqa: E402,F401
 

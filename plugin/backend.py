@@ -32,6 +32,17 @@ def tpflare_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: 
     return compile_fx(gm, example_inputs, config_patches=_inductor_patches(mode, options) or None)
 
 
+def _reset() -> None:
+    """Called by ``torch._dynamo.reset()`` (Dynamo resets the backends it compiled with): forget
+    what earlier compiles found, as a fresh process would (``tpflare.latent_history``)."""
+    from . import latent_history
+
+    latent_history.clear()
+
+
+tpflare_backend.reset = _reset  # type: ignore[attr-defined]
+
+
 def register() -> None:
     """Register the backend name with Dynamo (idempotent; also an entry point)."""
     from torch._dynamo.backends.registry import _BACKENDS, register_backend

@@ -124,8 +124,9 @@ KNOBS: tuple[Knob, ...] = (
          "How the hidden row's replication is established where the graph does not prove "
          "it (an all-reduce/all-gather or a DTensor Replicate input upstream proves it): "
          "check = compare the graph inputs it is computed from across ranks once at "
-         "preparation (a hash of their bits) and skip the site if they differ; trust = the "
-         "user asserts those inputs are replicated (no check)."),
+         "preparation (a hash of their bits) and skip the site if they differ (and in every "
+         "later compile of the same Dynamo frame, so results do not depend on call history); "
+         "trust = the user asserts those inputs are replicated (no check)."),
     # --- candidate selection ---------------------------------------------------
     Knob("select", _choice("auto", "replicated", "owner"), "auto",
          "Selection composition: auto = race at compile time (cached); "

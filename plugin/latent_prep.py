@@ -9,7 +9,9 @@ spelling of a TP all-reduce alike) with fake inputs.  Per graph, on every rank:
 2. find and classify every site once (``tpflare.passes.latent_gather.find_sites``);
 3. apply the gates (knob, dtype, width, replication of the hidden row, row
    source) and agree on them collectively with the ranks of the sites' groups:
-   one decision per site, identical everywhere, one reason per skip;
+   one decision per site, identical everywhere, one reason per skip; a site whose
+   hidden row an earlier compile of the same Dynamo frame found not replicated is
+   skipped again (``tpflare.latent_history``: the sticky skip);
 4. the rows gate (among the static gates, before the replication check): on a symbolic row
    count it becomes a shape guard (a graph below the gate recompiles and keeps the all-reduce);
 5. build the row shards of exactly the rewritten sites (registered, the DTensor
@@ -31,7 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
-from . import reporting, row_shards
+from . import latent_history, reporting, row_shards
 from .config import Settings
 from .distributed import agree, group_rank, group_ranks, group_size, is_distributed
 from .errors import TpflareError
@@ -201,6 +203,30 @@ def _rows_gate(s, min_rows: int) -> str | None:
     return f"rows: {rows} rows < {min_rows} (TPFLARE_LATENT_GATHER_MIN_ROWS){how}"
 
 
+def _differing_leaves(i: int, rec: dict, everyone: list, ranks: list) -> list[tuple[int, list[int]]]:
+    """Graph inputs upstream of site ``i``'s hidden row whose state (bits) some rank sees otherwise:
+    (flat index, the ranks that disagree with this one)."""
+    out = []
+    for leaf, state in rec["leaves"].items():
+        differ = [r for r, o in zip(ranks, everyone) if o[i]["leaves"].get(leaf) != state]
+        if differ:
+            out.append((leaf, differ))
+    return out
+
+
+def _sticky_reason(i: int, everyone: list, ranks: list) -> str | None:
+    """The sticky skip, from every rank's flag (one rank that has it is enough: the ranks' own
+    histories are not trusted to match); the same words on every rank."""
+    for r, o in zip(ranks, everyone):
+        name = o[i].get("sticky")
+        if name:
+            where = "" if all(p[i].get("sticky") for p in everyone) else f" (on rank {r})"
+            return (f"hidden row not replicated: an earlier compile of this frame found graph input {name} "
+                    f"differing across ranks{where}; kept the all-reduce so results do not depend on "
+                    "call history")
+    return None
+
+
 # --- the inner compiler -----------------------------------------------------------------------------
 def _group_info(g: str) -> tuple[int, int]:
     return group_rank(g), group_size(g)
@@ -216,6 +242,7 @@ class LatentGatherCompiler:
         self.settings, self.graph_id = settings, graph_id
         self.inner = inner or compile_fx_inner
         self._flat: list | None = flat_real_inputs(dynamo_gm, real_inputs)
+        self._frame = latent_history.current_frame()   # read now: inside Dynamo's compile of the frame
 
     def release(self) -> None:
         """Drop the references to the real inputs (activations) once compile_fx returned."""
@@ -259,6 +286,8 @@ class LatentGatherCompiler:
                 rec.update(self._replication(s, upstream, index, order, st, states))
                 rec.update(self._row_source(s, index))
                 rec["rows_hint"] = str(_hint(s.rows()))
+                rec["sticky"] = latent_history.found_earlier(self._frame, rec["weight_name"],
+                                                             rec["leaf_names"].values())
             out.append(rec)
         return out
 
@@ -328,7 +357,9 @@ class LatentGatherCompiler:
             everyone, ranks = [me], [0]
         plan = []
         for i, (s, rec) in enumerate(zip(sites, me)):
-            reason = self._agreed_reason(i, rec, everyone, ranks)
+            reason, differing = self._agreed_reason(i, rec, everyone, ranks)
+            if differing:      # the only reason that depends on the call's values: sticky for the frame
+                latent_history.remember(self._frame, rec["weight_name"], differing)
             if reason is None:
                 rec = dict(rec, registered=all(o[i]["registered"] for o in everyone),
                            dtensor=all(o[i]["dtensor"] for o in everyone))
@@ -344,28 +375,33 @@ class LatentGatherCompiler:
         return plan
 
     @staticmethod
-    def _agreed_reason(i: int, rec: dict, everyone: list, ranks: list) -> str | None:
+    def _agreed_reason(i: int, rec: dict, everyone: list, ranks: list) -> tuple[str | None, list[str]]:
+        """Why site ``i`` is skipped (None: it is not), from every rank's record; and the source
+        names of the graph inputs whose bits differ across ranks, when that is the reason."""
         if any(len(o) != len(everyone[0]) or o[i]["sig"] != rec["sig"] for o in everyone):
-            return "ranks compiled different sites here (every rank must compile the same model)"
+            return "ranks compiled different sites here (every rank must compile the same model)", []
         if rec["skip"]:
-            return rec["skip"]
+            return rec["skip"], []
         for r, o in zip(ranks, everyone):
             if o[i]["skip"]:
-                return f"{o[i]['skip']} (on rank {r})"
+                return f"{o[i]['skip']} (on rank {r})", []
         blocker = next((o[i]["blocker"] for o in everyone if o[i]["blocker"]), None)
         if blocker:
-            return f"hidden row not replicated: {blocker}"
+            return f"hidden row not replicated: {blocker}", []
         if any(o[i]["fingerprint"] != rec["fingerprint"] for o in everyone):
             return ("hidden row not replicated: ranks compute it with different ops or constants "
-                    "(rank-dependent code upstream)")
-        for leaf, state in rec["leaves"].items():
-            differ = [r for r, o in zip(ranks, everyone) if o[i]["leaves"].get(leaf) != state]
-            if differ:
-                return (f"hidden row not replicated: graph input {rec['leaf_names'][leaf]} differs across "
-                        f"ranks (ranks {differ} disagree with this one)")
+                    "(rank-dependent code upstream)"), []
+        differing = _differing_leaves(i, rec, everyone, ranks)
+        names = [rec["leaf_names"][leaf] for leaf, _ in differing]
+        sticky = _sticky_reason(i, everyone, ranks)
+        if sticky:
+            return sticky, names
+        if differing:
+            return (f"hidden row not replicated: graph input {names[0]} differs across ranks "
+                    f"(ranks {differing[0][1]} disagree with this one)"), names
         if any(o[i]["rows_hint"] != rec["rows_hint"] for o in everyone):
-            return "ranks compiled different row counts"
-        return None
+            return "ranks compiled different row counts", []
+        return None, []
 
     # the rewrite -------------------------------------------------------------------------------------
     def _rewrite(self, gm, example_inputs, kwargs, plan, placeholders, bindings: list[RowBinding]) -> tuple:

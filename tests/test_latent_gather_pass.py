@@ -228,3 +228,48 @@ def test_registered_stack_op_is_a_reduce_and_an_unresolvable_group_fails_by_name
         collectives.unregister_all_reduce(ops.all_reduce)
     assert collectives.register_all_reduce(ops.inplace_all_reduce).inplace is True
     collectives.unregister_all_reduce(ops.inplace_all_reduce)
+
+
+# --- the sticky skip: what an earlier compile of a frame found, and how the ranks agree on it -------
+def test_a_pair_found_unreplicated_applies_to_later_compiles_of_its_frame_only():
+    from tpflare import latent_history as lh
+
+    lh.clear()
+    try:
+        first, later = lh.Frame("frame 0 (f)", 0), lh.Frame("frame 0 (f)", 1)
+        lh.remember(first, "L['c']", ["L['x']"])
+        assert lh.found_earlier(first, "L['c']", ["L['x']"]) is None       # the compile that found it
+        assert lh.found_earlier(later, "L['c']", ["L['x']", "L['x'].size()[0]"]) == "L['x']"
+        assert lh.found_earlier(later, "L['d']", ["L['x']"]) is None       # another site
+        assert lh.found_earlier(lh.Frame("frame 1 (g)", 1), "L['c']", ["L['x']"]) is None   # another frame
+        lh.remember(lh.Frame("frame 0 (f)", 3), "L['d']", ["L['x']"])
+        assert lh.found_earlier(later, "L['d']", ["L['x']"]) is None       # counter went back: a reset
+        assert lh.describe() == []
+        lh.remember(lh.Frame(lh.UNKNOWN), "x", ["y"])                         # no compile id: every later graph
+        assert lh.found_earlier(lh.Frame(lh.UNKNOWN), "x", ["y"]) == "y"
+        import torch._dynamo
+
+        torch.compile(lambda t: t + 1, backend="tpflare")   # Dynamo now resets this backend too
+        torch._dynamo.reset()
+        assert lh.describe() == []
+    finally:
+        lh.clear()
+
+
+def test_one_rank_with_the_sticky_flag_makes_every_rank_skip():
+    from tpflare.latent_prep import LatentGatherCompiler
+
+    def rec(sticky):
+        return dict(sig=("s",), skip=None, blocker=None, fingerprint=["f"], leaves={3: ("bits", "h")},
+                    leaf_names={3: "L['x']"}, rows_hint="64", sticky=sticky)
+
+    everyone = [rec(None), rec("L['x']")]
+    for me in everyone:
+        why, differing = LatentGatherCompiler._agreed_reason(0, me, [[o] for o in everyone], [0, 1])
+        assert why.startswith("hidden row not replicated: an earlier compile of this frame found graph input "
+                              "L['x'] differing across ranks (on rank 1); kept the all-reduce"), why
+        assert differing == []
+    other_bits = dict(rec(None), leaves={3: ("bits", "g")})
+    why, differing = LatentGatherCompiler._agreed_reason(0, rec(None), [[rec(None)], [other_bits]], [0, 1])
+    assert "graph input L['x'] differs across ranks" in why and differing == ["L['x']"]
+    assert LatentGatherCompiler._agreed_reason(0, rec(None), [[rec(None)], [rec(None)]], [0, 1]) == (None, [])

@@ -36,6 +36,11 @@ def _rel(y, ref):
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
+def _gather_bits(x, w, world):
+    """An eager emulation of the gather: every rank's full-K GEMM with its row shard, blocks side by side."""
+    return torch.cat([(wr @ x.T).T for wr in w.chunk(world, 0)], 1)
+
+
 def _same_everywhere(t):
     import torch.distributed as dist
 
@@ -103,9 +108,7 @@ def _dtensor(rank, world):
     res = dict(records=_records(), same=[_same_everywhere(o) for o in outs],
                gather=[_rel(o, r) for o, r in zip(outs, refs)], reduce=[_rel(o, r) for o, r in zip(eager, refs)],
                chained=_rel(outs[3], outs[0].double() @ full["chained.weight"].double().T))
-    # an eager emulation of the gather: every rank's full-K GEMM with its rows, blocks side by side
-    w = full["plain.weight"]
-    res["emulation_equal"] = torch.equal(outs[0], torch.cat([(wr @ x.T).T for wr in w.chunk(world, 0)], 1))
+    res["emulation_equal"] = torch.equal(outs[0], _gather_bits(x, full["plain.weight"], world))
     if world == 2:                        # the same plan under dynamic=True: 64 rows, then 4 (below the gate)
         torch._dynamo.reset()
         tpflare.clear_report()
@@ -308,7 +311,7 @@ def _layouts(rank, world):
             tpflare.clear_report()
             y = torch.compile(lambda x, c: post(f(x, c)), backend="tpflare", fullgraph=True)(x, c)
             e = post(f(x, c))
-            gather = post(torch.cat([(wr @ x.T).T for wr in w.chunk(world, 0)], 1))
+            gather = post(_gather_bits(x, w, world))
             got[name] = dict(records=_records(), stride=list(y.stride()), eager_stride=list(e.stride()),
                              viewable=y.view(-1).numel() == y.numel(), same=_same_everywhere(y),
                              is_gather=torch.equal(y, gather))
@@ -346,7 +349,7 @@ def _dynamic(rank, world):
                                  if calls[i] is calls[j]),
                 same=all(_same_everywhere(y) for y in ys),
                 decode_is_reduce=torch.equal(ys[next(i for i, x in enumerate(calls) if x is x4)], f(x4, c)),
-                prefill_is_gather=all(torch.equal(y, torch.cat([(wr @ x.T).T for wr in w.chunk(world, 0)], 1))
+                prefill_is_gather=all(torch.equal(y, _gather_bits(x, w, world))
                                       for x, y in zip(calls, ys) if x is not x4))
     return out
 
@@ -359,6 +362,50 @@ def test_dynamic_row_counts_guard_the_rows_gate_and_bits_do_not_depend_on_histor
             decisions = [rec[0] for rec in res["records"]]
             assert "rewritten" in decisions and "skipped" in decisions, (mode, res["records"])
             assert all("rows" in why for d, why, *_ in res["records"] if d == "skipped"), (mode, res["records"])
+
+
+def _history(rank, world):
+    """The drift the sticky skip closes (automatic dynamic): a 64-row row that is *not* replicated
+    (graph A, static: skipped), a replicated 100-row row (recompiled with a symbolic row count:
+    graph B), then the first input again, which Dynamo serves with B.  Then, after
+    ``torch._dynamo.reset()``, the same frame from scratch with replicated rows only."""
+    tpflare = _setup()
+    f, c, w = _plain_site(rank, world, 4)
+    x64, x100 = _x(world, 64, 1), _x(world, 100, 2)
+    bad = x64 + rank                                    # each rank a different row: breaks the contract
+    out = {}
+    with tpflare.config.patch(latent_gather=True):
+        for run, calls in (("history", [bad, x100, bad]), ("after_reset", [x100, x64])):
+            torch._dynamo.reset()
+            tpflare.clear_report()
+            cf = torch.compile(f, backend="tpflare", fullgraph=True)       # automatic dynamic
+            ys = [cf(x, c) for x in calls]
+            out[run] = dict(records=_records(), same=all(_same_everywhere(y) for y in ys),
+                            eager=[torch.equal(y, f(x, c)) for x, y in zip(calls, ys)],
+                            gather=[torch.equal(y, _gather_bits(x, w, world)) for x, y in zip(calls, ys)],
+                            max_diff=[(y.float() - f(x, c).float()).abs().max().item() for x, y in zip(calls, ys)])
+    return out
+
+
+def test_a_row_found_unreplicated_stays_skipped_in_later_compiles_of_the_frame():
+    """Sticky skip: once the check found a site's hidden row not replicated, every later compile
+    of the frame keeps the all-reduce there, so the contract-breaking input gets eager's bits
+    again when Dynamo serves it with the recompiled (dynamic) graph; a reset forgets it."""
+    res = run_ranks(_history, 2, timeout=120)
+    # every call bit-equal to eager on every rank (before the fix call 3 was not: B rewritten)
+    assert all(r["history"]["eager"] == [True, True, True] for r in res), \
+        [(r["history"]["max_diff"], r["history"]["records"]) for r in res]
+    for r in res:
+        h = r["history"]
+        assert [rec[0] for rec in h["records"]] == ["skipped", "skipped"], h     # 2 graphs: call 3 is served by B
+        assert h["same"], h
+        first, second = (rec[1] for rec in h["records"])
+        assert "graph input L['x'] differs across ranks" in first, first
+        assert "an earlier compile of this frame found graph input L['x'] differing across ranks" in second, second
+        assert "call history" in second, second
+        fresh = r["after_reset"]                                               # the reset cleared the history
+        assert [rec[0] for rec in fresh["records"]] == ["rewritten", "rewritten"], fresh
+        assert fresh["gather"] == [True, True] and fresh["same"], fresh
 
 
 # --- Inductor's FX-graph cache, and a stack's own backend ------------------------------------------
