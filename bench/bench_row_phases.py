@@ -5,20 +5,20 @@
 
 The bench kernel ``_row_prefix_kernel`` is the row kernel of ``ops/select_kernel.py`` (the
 resident tile) built from the same helpers, stopped after phase ``STOP`` (0 load and score key,
-1 first histogram, 2 second histogram, 3 compaction, 4 finish, 5 ordering = the whole kernel);
-each prefix writes what it computed, so nothing is dead code. Differences between prefixes
-(CUDA-graph replay) are the phases' costs. Variants (bench only; each full kernel is checked
-bit for bit against the production kernel):
+2 the cutoff prefix, 3 compaction, 4 finish, 5 ordering = the whole kernel; 1, the first of
+the two histogram passes, only for ``hist``); each prefix writes what it computed, so nothing
+is dead code. Differences between prefixes (CUDA-graph replay) are the phases' costs.
+Variants (bench only; each full kernel is checked bit for bit against the production kernel):
 
+* ``hist``: the cutoff prefix from two 6-bit ``tl.histogram`` passes (production up to
+  f08fc80) where the production kernel bisects (``select_kernel.cutoff_search``);
+* ``scratch``: ``order_row_scratch``, the ordering through global scratch (production up to
+  f08fc80) where ``radix.order_row`` gathers from registers; ``f08fc80``: both;
 * ``scan1d``: the compaction's slots from one prefix sum over the whole tile (the production
   kernel before ``radix.scan_slots``);
 * ``split*``: the row kernel stops after the finish and a kernel of its own orders the winners
   (``radix.order_row``), with ``split_warps`` warps and a register cap ``maxnreg`` (two or more
-  programs an SM);
-* ``gather``: ``order_row_gather``, the ordering with ``tl.gather`` from registers where
-  ``radix.order_row`` goes through global scratch (the buckets' offsets and sizes; the members'
-  keys and positions in the in-bucket count): fewer barriers and L2 round trips in its chain.
-  Prepared, not yet measured.
+  programs an SM).
 
 Measured and dropped (records ``bench/results/select_kernel_h200_phases_ed6e841-*.json``, the
 code in docs/benchmarks_select_kernel.md): a tile of score keys only (ids re-read by position),
@@ -60,31 +60,34 @@ def compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row):
 
 
 @triton.jit
-def order_row_gather(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
-    # radix.order_row (same buckets, same result) with register gathers: a winner's (sub-)bucket
-    # offset and size come from the scan in registers (tl.gather), not from a store, a barrier
-    # and two loads; the in-bucket count gathers the members' keys and positions from registers
-    # after one load of the bucket-ordered member list
+def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
+    # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
+    # members' keys and positions in the in-bucket count, through global scratch (a store, a
+    # barrier and loads; two dependent L2 round trips a step of the count)
     j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB)
+    tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
-    off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
-    cb = tl.where(live, tl.gather(c, bkt, 0), 0)
+    tl.debug_barrier()
+    off = tl.load(z_row + KB + bkt, mask=live, other=0, cache_modifier=".cg")
+    cb = tl.load(z_row + bkt, mask=live, other=0, cache_modifier=".cg")
     if big > SPLIT:
         sub, slot, cc = split_buckets(key, live, bkt, off, cb, j, z_row, KB)
+        o2 = z_row + 4 * KB
+        tl.store(o2 + j, tl.cumsum(cc, 0) - cc)
         big = tl.max(cc, 0)
-        cb = tl.where(live, tl.gather(cc, sub, 0), 0)
-        off = tl.where(live, tl.gather(tl.cumsum(cc, 0) - cc, sub, 0), 0)
+        tl.debug_barrier()
+        cb = tl.load(z_row + 3 * KB + sub, mask=live, other=0, cache_modifier=".cg")
+        off = tl.load(o2 + sub, mask=live, other=0, cache_modifier=".cg")
     r = tl.zeros([KB], dtype=tl.int32)
     if big > 1:
         lst = z_row + 2 * KB
         tl.store(lst + off + slot, j, mask=live)
         tl.debug_barrier()
-        members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
         for t in range(0, big):
             mt = live & (t < cb)
-            jo = tl.gather(members, tl.minimum(off + t, KB - 1), 0)
-            ko = tl.gather(key, jo, 0)
-            oo = tl.gather(o, jo, 0)
+            jo = tl.load(lst + off + t, mask=mt, other=0, cache_modifier=".cg")
+            ko = tl.load(wk_row + jo, mask=mt, other=-1)
+            oo = tl.load(wo_row + jo, mask=mt, other=0)
             r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
     write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
 
@@ -102,20 +105,16 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
                        N, K, s_sq, s_iq, s_oi, s_os,
                        BLOCK: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
                        FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr,
-                       GATHER: tl.constexpr):
+                       HIST: tl.constexpr, SCRATCH: tl.constexpr):
     # select_kernel._row_kernel (resident tile) up to phase STOP
     row = tl.program_id(0).to(tl.int64)
     sc_row = sc_ptr + row * s_sq
     id_row = id_ptr + row * s_iq
-    wk_row = wk_ptr + row * KB
-    wv_row = wv_ptr + row * KB
-    wo_row = wo_ptr + row * KB
-    p_row = p_ptr + row * N
     b, i = load_chunk(sc_row, id_row, 0, N, BLOCK)
     s = score_key(b, i)
     if STOP == 0:
         tl.store(cnt_ptr + row, tl.sum(s, 0))
-    else:
+    elif HIST:  # the cutoff prefix from two 6-bit tl.histogram passes (production up to f08fc80)
         h1 = sk.digit_hist(sk.top12_valid(s), 0, 0)
         nsel = tl.minimum(tl.sum(h1, 0), K)
         d1, ab1, _ = pick_digit(h1, nsel, 64)
@@ -130,28 +129,53 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
             if STOP == 2:
                 tl.store(cnt_ptr + row, P + above + all_in)
             else:
-                o = tl.arange(0, BLOCK)
-                if SCAN1D:
-                    compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row)
-                else:
-                    sk.compact_tile(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
-                if STOP == 3:
-                    tl.store(cnt_ptr + row, nsel)
-                else:
-                    tl.debug_barrier()
-                    finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel,
-                               above, m, KB, D, CH, FR1, FR2)
-                    if STOP == 5:
-                        tl.debug_barrier()
-                        if GATHER:
-                            order_row_gather(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
-                                             oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
-                        else:
-                            order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
-                                      oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+                rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
+                            cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
+                            FR2, STOP, SCAN1D, SCRATCH)
+    else:
+        nsel, P, above, m = sk.cutoff_search(s, K)
+        all_in = (nsel - above == m).to(tl.int32)
+        if STOP <= 2:
+            tl.store(cnt_ptr + row, P + above + all_in)
+        else:
+            rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
+                        cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
+                        FR2, STOP, SCAN1D, SCRATCH)
 
 
-def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, gather=False):
+@triton.jit
+def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr,
+                z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK: tl.constexpr, KB: tl.constexpr,
+                D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr,
+                SCAN1D: tl.constexpr, SCRATCH: tl.constexpr):
+    # the phases after the cutoff prefix: compaction (3), finish (4), ordering (5)
+    wk_row = wk_ptr + row * KB
+    wv_row = wv_ptr + row * KB
+    wo_row = wo_ptr + row * KB
+    p_row = p_ptr + row * N
+    o = tl.arange(0, BLOCK)
+    if SCAN1D:
+        compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row)
+    else:
+        sk.compact_tile(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
+    if STOP == 3:
+        tl.store(cnt_ptr + row, nsel)
+    else:
+        tl.debug_barrier()
+        finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel,
+                   above, m, KB, D, CH, FR1, FR2)
+        if STOP == 5:
+            tl.debug_barrier()
+            if SCRATCH:
+                order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
+                                  oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+            else:
+                order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+
+
+def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
+               scratch=False):
     """The row kernel (resident tile) up to phase ``stop``; returns (ids, scores) at stop 5.
     ``split``: the row kernel stops after the finish and ``_order_kernel`` (``split_warps``
     warps, at most ``maxnreg`` registers a thread) orders the winners."""
@@ -167,7 +191,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     fr2 = st.FIN_TIERS[1]
     _row_prefix_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0),
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
-                             FR1=min(st.FIN_TIERS[0], fr2), FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, GATHER=gather,
+                             FR1=min(st.FIN_TIERS[0], fr2), FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
                              num_warps=nw)
     if split:
         _order_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
@@ -175,7 +199,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     return out_ids, out_sc
 
 
-STOPS = ("load+key", "+hist1", "+hist2", "+compact", "+finish", "+order")
+STOPS = ("load+key", "+hist1", "+cutoff", "+compact", "+finish", "+order")
 
 
 def ptx_counts(arch: int = 90) -> int:
@@ -195,22 +219,25 @@ def ptx_counts(arch: int = 90) -> int:
                if m and not m.group(2).startswith(("reg", "local", "shared"))]
         return collections.Counter(ops)
 
-    consts = dict(BLOCK=16384, KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], GATHER=False)
-    def count(stop, scan1d=False):
-        return instructions(compile_one(_row_prefix_kernel, dict(consts, STOP=stop, SCAN1D=scan1d), 16,
-                                        arch).asm["ptx"])
+    consts = dict(BLOCK=16384, KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], HIST=False,
+                  SCRATCH=False, SCAN1D=False)
 
-    base = {stop: count(stop) for stop in (0, 1, 2)}
-    print("instructions a thread (16 warps, 32 candidates a thread): "
-          + ", ".join(f"to {STOPS[k]} {sum(c.values())}" for k, c in base.items()))
+    def count(stop, **kw):
+        return instructions(compile_one(_row_prefix_kernel, dict(consts, STOP=stop, **kw), 16, arch).asm["ptx"])
+
+    load, hist, cut = count(0), count(2, HIST=True), count(2)
+    print(f"instructions a thread (16 warps, 32 candidates a thread): to load+key {sum(load.values())}, "
+          f"to +cutoff {sum(cut.values())} (bisection; a static count: its loop body runs 10 times), "
+          f"{sum(hist.values())} (two histogram passes, hist)")
     for scan1d in (False, True):
-        c3 = count(3, scan1d)
-        added = c3 - base[2]
+        c3 = count(3, SCAN1D=scan1d)
+        added = c3 - cut
         top = ", ".join(f"{op} {n}" for op, n in added.most_common(6))
         print(f"{'scan1d' if scan1d else 'default'}: to +compact {sum(c3.values())}; the compaction adds "
-              f"{sum(c3.values()) - sum(base[2].values())} (most added: {top})")
+              f"{sum(c3.values()) - sum(cut.values())} (most added: {top})")
     return 0
-VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "gather": dict(gather=True),
+VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True), "scratch": dict(scratch=True),
+            "f08fc80": dict(hist=True, scratch=True),
             "split16": dict(split=True, split_warps=16),
             "split16r64": dict(split=True, split_warps=16, maxnreg=64),
             "split32": dict(split=True, split_warps=32),
@@ -226,6 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--q", type=int, nargs="*", default=[64, 1024])
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--patterns", default="random,ties")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS to time")
     ap.add_argument("--ptx", action="store_true", help="only count PTX instructions of the prefixes (no GPU)")
     a = ap.parse_args(argv)
     if a.ptx:
@@ -241,13 +269,17 @@ def main(argv=None) -> int:
             prod = time_graph(lambda s, i: sk.triton_ordered_select(s, i, k), sets, 10, 10)
             recs.append(dict(kind="production", pattern=pattern, q=q, n=n, graph_ms=prod))
             print(json.dumps(recs[-1]), flush=True)
-            for vname, kw in VARIANTS.items():
+            for vname in a.variants.split(","):
+                kw = VARIANTS[vname]
                 got = row_prefix(*sets[0], k, **kw)
                 exact = bool(torch.equal(got[0], ref[0]) and torch.equal(got[1].view(torch.int32),
                                                                           ref[1].view(torch.int32)))
                 prev = 0.0
                 for stop, sname in enumerate(STOPS):
-                    if vname != "default" and stop < (5 if ("split" in kw or "gather" in kw) else 3):
+                    if stop == 1 and not kw.get("hist"):
+                        continue  # the bisection has no first half
+                    if vname != "default" and stop < (5 if ("split" in kw or kw == dict(scratch=True)) else
+                                                      1 if kw.get("hist") else 3):
                         continue  # a variant changes only its phase and those after it
                     ms = time_graph(lambda s, i, stop=stop, kw=kw: row_prefix(s, i, k, stop, **kw), sets, 10, 10)
                     recs.append(dict(kind="prefix", variant=vname, pattern=pattern, q=q, n=n, stage=sname,

@@ -42,8 +42,10 @@ GRIDS = {
     "small": [(16384, q) for q in (1, 8, 64, 256, 1024)] + [(n, q) for n in (32768, 131072) for q in (1, 64)],
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
     # the row-kernel tile thresholds (select_kernel.row_config): rows of 4097..8192 below and
-    # above CHUNKED_MIN_ROWS, and rows around WIDE_MIN_N; with --variants
+    # above CHUNKED_MIN_ROWS, rows around WIDE_MIN_N, the 4096 tile's warps around FEW_ROWS_MAX;
+    # with --variants
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
+    + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (32768, 40000, 65536) for q in (33, 64, 256)],
 }
 
@@ -108,6 +110,8 @@ def variants(q: int, n: int) -> dict:
     if q > 4:  # the tiles row_config chooses between, forced (its thresholds: --grid tiles)
         if n <= 16384:
             v["row_regs"] = dict(resident=True)
+        if n <= 4096:  # the 4096 register tile with 4 or 16 warps
+            v.update(row_w4=dict(resident=True, num_warps=4), row_w16=dict(resident=True, num_warps=16))
         v.update(row_c16=dict(resident=False, num_warps=16, chunk=4096),
                  row_c32=dict(resident=False, num_warps=32, chunk=8192))
     return v

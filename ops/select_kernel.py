@@ -80,6 +80,7 @@ STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
 STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX candidates
 CHUNKED_MIN_ROWS = 64  # row_config: rows of 4097..8192 candidates are re-read in chunks from this many rows
 WIDE_MIN_N = 32768  # row_config: rows of more candidates than this take 32 warps
+FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 
 try:  # Triton is optional: the module must import on CPU-only machines.
     import triton
@@ -144,7 +145,9 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     0.88-0.92x the register tile's time; 32 warps at N >= 65536 0.85-0.97x the 16 warps' (1.02x
     at N = 65536, Q = 64, random scores), at N = 32768 0.98-1.04x (so not there). A chunk is a
     power of two of at most 16384 candidates (the compaction counts two fields of 16 bits in one
-    scan).
+    scan). The 4096 register tile takes 4 warps (several programs an SM) beyond
+    ``FEW_ROWS_MAX`` rows, 16 (a row's latency spread over more threads) up to it: k = 2048,
+    N = 4096, 16 warps 0.85x the time of 4 at 64 rows, 1.06x at 1024 (graph replay).
     """
     if resident is None:
         resident = n <= RESIDENT_MAX and not (4096 < n <= 8192 and q >= CHUNKED_MIN_ROWS)
@@ -154,7 +157,10 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
         raise ValueError(f"chunk must be a power of two in 16..16384, got {chunk}")
     block = (4096 if n <= 4096 else RESIDENT_MAX) if resident else max(16, select_staged.next_pow2(n))
     if num_warps is None:
-        num_warps = max(4, min(16, block // 1024)) if resident else (32 if n > WIDE_MIN_N else 16)
+        if resident:
+            num_warps = 16 if block > 4096 or q <= FEW_ROWS_MAX else 4
+        else:
+            num_warps = 32 if n > WIDE_MIN_N else 16
     if chunk is None:
         chunk = 256 * num_warps
     chunk = min(block, int(chunk))
@@ -180,6 +186,35 @@ if _HAVE_TRITON:
         if PASS == 0:
             return tl.histogram(u >> 6, 64, mask=u >= 0)
         return tl.histogram(u & 63, 64, mask=(u >> 6) == d1)
+
+    @triton.jit
+    def cutoff_search(s, K):
+        # what the two histogram passes find, for a tile held in registers, by bisection over
+        # the top 12 bits u of the score keys s (-2**31: invalid): nsel = min(valid, K), the
+        # largest 12-bit prefix P with count(u >= P) >= nsel, how many are above it and how
+        # many on it. u >= c compares s with c's first key, (c << 20) ^ -2**31, so no tile of u
+        # is held (spills 68 bytes a thread against 236 with the histograms' u). Twelve counts
+        # (a compare and an add a candidate, one sum each), two of them packed with a second
+        # count (a tile holds < 2**16). H200, 1024 rows of 16384 (bench/bench_row_phases.py):
+        # 0.051 against 0.078 ms for the two tl.histogram passes.
+        c = tl.sum((s != -2147483648).to(tl.int32) + ((s >= 0).to(tl.int32) << 16), 0)  # valid; u >= 2048
+        nsel = tl.minimum(c & 0xFFFF, K)
+        hit = (c >> 16) >= nsel
+        P = tl.where(hit, 2048, 0)
+        ge = tl.where(hit, c >> 16, c & 0xFFFF)  # count(u >= P)
+        for t in range(1, 11):
+            cand = P | (1 << (11 - t))
+            n = tl.sum((s >= ((cand << 20) ^ -2147483648)).to(tl.int32), 0)
+            hit = n >= nsel
+            P = tl.where(hit, cand, P)
+            ge = tl.where(hit, n, ge)
+        cand = P | 1
+        c = tl.sum((s >= ((cand << 20) ^ -2147483648)).to(tl.int32)
+                   + ((s > (((cand << 20) | 0xFFFFF) ^ -2147483648)).to(tl.int32) << 16), 0)  # u >= cand; u > cand
+        hit = (c & 0xFFFF) >= nsel
+        above = tl.where(hit, c >> 16, c & 0xFFFF)
+        ge = tl.where(hit, c & 0xFFFF, ge)
+        return nsel, tl.where(hit, cand, P), above, ge - above
 
     @triton.jit
     def chunk_hist(sc_row, id_row, N, d1, CHUNK: tl.constexpr, PASS: tl.constexpr):
@@ -211,8 +246,8 @@ if _HAVE_TRITON:
                     BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                     ORDER: tl.constexpr):
-        # grid (Q,): one program a row. Two 6-bit histogram passes find the 12-bit prefix of the
-        # cutoff; one compaction sends the candidates above it to W and those on it to P; the
+        # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
+        # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one compaction sends the candidates above it to W and those on it to P; the
         # finish picks the still-needed winners in P; ORDER: the program orders its winners too
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
@@ -224,20 +259,16 @@ if _HAVE_TRITON:
         if RESIDENT:  # the row stays in registers for every pass
             b, i = load_chunk(sc_row, id_row, 0, N, BLOCK)
             s = score_key(b, i)
-            u = top12_valid(s)
-            h1 = digit_hist(u, 0, 0)
-        else:
+            nsel, P, above, m = cutoff_search(s, K)
+        else:  # every pass re-reads the row: two passes, not twelve
             h1 = chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
-        nsel = tl.minimum(tl.sum(h1, 0), K)
-        d1, ab1, _ = pick_digit(h1, nsel, 64)
-        if RESIDENT:
-            h2 = digit_hist(u, d1, 1)
-        else:
+            nsel = tl.minimum(tl.sum(h1, 0), K)
+            d1, ab1, _ = pick_digit(h1, nsel, 64)
             h2 = chunk_hist(sc_row, id_row, N, d1, CHUNK, 1)
-        d2, ab2, m = pick_digit(h2, nsel - ab1, 64)
-        above = ab1 + ab2
+            d2, ab2, m = pick_digit(h2, nsel - ab1, 64)
+            above = ab1 + ab2
+            P = (d1 << 6) | d2
         all_in = (nsel - above == m).to(tl.int32)
-        P = (d1 << 6) | d2
         if RESIDENT:
             compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
         else:

@@ -34,7 +34,8 @@ def test_row_tiles():
     assert sk.launch_plan(64, 8192, 2048)[3:] == (4096, 16, 4096, False)  # 4097..8192 a row: chunks
     assert sk.launch_plan(64, 4097, 2048)[3:] == (4096, 16, 4096, False)
     assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True)
-    assert sk.launch_plan(64, 4096, 2048)[3:] == (4096, 4, 1024, True)
+    assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True)  # up to FEW_ROWS_MAX: 16 warps
+    assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 4, 1024, True)
     assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False)
     assert sk.launch_plan(64, 32769, 2048)[3:] == (8192, 32, 8192, False)  # beyond WIDE_MIN_N: 32 warps
     assert sk.launch_plan(64, 131072, 2048)[3:] == (8192, 32, 8192, False)
