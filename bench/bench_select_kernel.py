@@ -41,11 +41,12 @@ GRIDS = {
     + [(n, q) for n in (8192, 32768, 65536, 131072) for q in (1, 8, 64, 256, 1024)],
     "small": [(16384, q) for q in (1, 8, 64, 256, 1024)] + [(n, q) for n in (32768, 131072) for q in (1, 64)],
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
-    # the row-kernel tile thresholds (select_kernel.row_config): rows of 4097..8192 below and
-    # above CHUNKED_MIN_ROWS, rows around WIDE_MIN_N, the 4096 tile's warps around FEW_ROWS_MAX;
+    # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
+    # 8193..16384 (registers), rows around WIDE_MIN_N, the 4096 tile's warps around FEW_ROWS_MAX;
     # with --variants
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
+    + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
     + [(n, q) for n in (32768, 40000, 65536) for q in (33, 64, 256)],
 }
 

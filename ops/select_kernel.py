@@ -78,7 +78,6 @@ PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
 STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX candidates
-CHUNKED_MIN_ROWS = 64  # row_config: rows of 4097..8192 candidates are re-read in chunks from this many rows
 WIDE_MIN_N = 32768  # row_config: rows of more candidates than this take 32 warps
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 
@@ -138,19 +137,23 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     """(block, num_warps, chunk, resident) of the row kernel for ``q`` rows of ``n`` candidates.
 
     Register tiles of 4096 or 16384 keys (so a new ``N`` reuses a compiled kernel); else chunks
-    re-read from memory: beyond ``RESIDENT_MAX``, and for rows of 4097..8192 candidates from
-    ``CHUNKED_MIN_ROWS`` rows (half of a 16384 tile would be padding). Chunks of 4096 with 16
-    warps; rows of more than ``WIDE_MIN_N`` candidates take 32 warps and chunks of 8192. H200,
-    bench/results/select_kernel_h200_d38c0dd.json (graph replay, Q >= 64): chunks at N = 8192
-    0.88-0.92x the register tile's time; 32 warps at N >= 65536 0.85-0.97x the 16 warps' (1.02x
-    at N = 65536, Q = 64, random scores), at N = 32768 0.98-1.04x (so not there). A chunk is a
-    power of two of at most 16384 candidates (the compaction counts two fields of 16 bits in one
-    scan). The 4096 register tile takes 4 warps (several programs an SM) beyond
-    ``FEW_ROWS_MAX`` rows, 16 (a row's latency spread over more threads) up to it: k = 2048,
-    N = 4096, 16 warps 0.85x the time of 4 at 64 rows, 1.06x at 1024 (graph replay).
+    re-read from memory: beyond ``RESIDENT_MAX``, and for rows of 4097..8192 candidates (half
+    of a 16384 tile would be padding). Chunks of 4096 with 16 warps; rows of more than
+    ``WIDE_MIN_N`` candidates take 32 warps and chunks of 8192. A chunk is a power of two of at
+    most 16384 candidates (the compaction counts two fields of 16 bits in one scan). The 4096
+    register tile takes 16 warps (a row's latency spread over more threads) up to
+    ``FEW_ROWS_MAX`` rows, 4 (several programs an SM) beyond.
+
+    H200, k = 2048, graph replay (bench_select_kernel.py --variants --grid tiles, records
+    select_kernel_h200_tiles_*5e5e4c2*.json): at N = 6000 and 8192 the chunks took 0.94-0.98x
+    the 16384 register tile's time from 8 to 128 rows (random and tied scores), at N = 12000
+    and 16384 1.05-1.11x (tied scores; so not there); at N = 2500 and 4096 16 warps took
+    0.79-0.94x the time of 4 up to 128 rows, 0.99-1.11x from 256. 32 warps (d38c0dd's record): at N >= 65536
+    0.85-0.97x the 16 warps' (1.02x at N = 65536, Q = 64, random scores); at N = 32768
+    0.98-1.04x (so not there).
     """
     if resident is None:
-        resident = n <= RESIDENT_MAX and not (4096 < n <= 8192 and q >= CHUNKED_MIN_ROWS)
+        resident = n <= 4096 or 8192 < n <= RESIDENT_MAX
     if resident and n > RESIDENT_MAX:
         raise ValueError(f"resident=True holds at most {RESIDENT_MAX} candidates a row in registers, got N={n}")
     if chunk is not None and (int(chunk) < 16 or int(chunk) > 16384 or int(chunk) & (int(chunk) - 1)):

@@ -185,6 +185,7 @@ SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 
 
 VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False),
+            "row_regs": dict(path="row", resident=True),  # the 16384 register tile at N = 6144 (row_config: chunks)
             "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # the tile of rows beyond WIDE_MIN_N
             "row_chunk128": dict(resident=False, chunk=128)}  # chunks narrower than radix.SLOT_COLS
 
@@ -287,7 +288,7 @@ def test_bucket_order_clustered_keys(kind, path, order):
             check_equal(got, ref_python(scores, ids, k), f"{kind} {path} python q={q} n={n} k={k}")
 
 
-@pytest.mark.parametrize("resident", [None, False], ids=["default", "chunked"])
+@pytest.mark.parametrize("resident", [True, False], ids=["registers", "chunked"])
 @pytest.mark.parametrize("bits", [3, 7, 8])
 def test_radix_digit_widths(bits, resident):
     """Digit widths that do and do not divide 32 (the last digit takes the rest) give the
@@ -386,7 +387,8 @@ def _compiled_variants() -> int:
 # shapes that share a launch plan: (Q, N, k, row stride); the first one compiles
 GENERIC = {"staged, fused, rank": [(1, 16384, 2048, 16384), (2, 12000, 1500, 12000), (3, 9001, 2048, 9001),
                                    (1, 16384, 2048, 20000)],
-           "row, registers, sort": [(20, 5000, 2048, 5000), (33, 12001, 2048, 12001), (100, 16384, 1025, 16384)],
+           "row, registers, sort": [(20, 9000, 2048, 9000), (33, 12001, 2048, 12001), (100, 16384, 1025, 16384)],
+           "row, chunks of 4096": [(20, 5000, 2048, 5000), (64, 8192, 2048, 8192), (65, 20000, 2048, 20000)],
            "row, chunks, sort": [(65, 40000, 2048, 40000), (70, 131072, 2048, 131072)]}
 
 

@@ -19,7 +19,8 @@ def test_launch_plans_are_shape_generic():
     """Shapes of one tile class share a plan (one set of compiled kernels); the plan changes
     only where a constexpr does (path, register tile, k's power of two, ordering)."""
     assert sk.launch_plan(1, 16384, 2048) == sk.launch_plan(2, 12000, 1025) == sk.launch_plan(3, 9001, 2048)
-    assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(1000, 16384, 2048)
+    assert sk.launch_plan(20, 9000, 2048) == sk.launch_plan(1000, 16384, 2048)
+    assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(1000, 8192, 2048)  # chunks of 4096
     assert sk.launch_plan(100, 40000, 2048) == sk.launch_plan(4096, 131072, 2048)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(4, 16384, 2048)  # fused finish up to 3 rows
     assert sk.launch_plan(8, 40000, 2048) != sk.launch_plan(4, 40000, 2048)  # rank ordering up to 4 rows
@@ -30,8 +31,7 @@ def test_launch_plans_are_shape_generic():
 def test_row_tiles():
     """The row kernel's tile (block, warps, chunk, in registers) by row length and rows, at the
     H200 crossovers that select_kernel.row_config names."""
-    assert sk.launch_plan(63, 8192, 2048)[3:] == (16384, 16, 4096, True)
-    assert sk.launch_plan(64, 8192, 2048)[3:] == (4096, 16, 4096, False)  # 4097..8192 a row: chunks
+    assert sk.launch_plan(8, 8192, 2048)[3:] == (4096, 16, 4096, False)  # 4097..8192 a row: chunks
     assert sk.launch_plan(64, 4097, 2048)[3:] == (4096, 16, 4096, False)
     assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True)
     assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True)  # up to FEW_ROWS_MAX: 16 warps

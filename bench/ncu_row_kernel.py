@@ -1,0 +1,82 @@
+"""Where the row kernel's warps stall, source line by source line (Nsight Compute on a GPU host).
+
+    ncu --import-source yes --set full -k regex:'^_row_kernel$' -c 1 -o row \\
+        python3 bench/ncu_row_kernel.py run --q 1024 --pattern random
+    ncu -i row.ncu-rep --page source --csv --print-source cuda,sass > row_src.csv
+    python3 bench/ncu_row_kernel.py summary row_src.csv [--top 25]      # any machine
+
+``run`` calls the production kernel (``triton_ordered_select``, N = 16384, k = 2048) twice, so
+the profiled launch is a compiled one. ``summary`` adds up ncu's warp-state samples by source
+line (Triton's line info points at ``ops/*.py``) and prints the lines with the most samples,
+each with its three largest stall reasons: what a change should shorten.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import sys
+
+
+def run(q: int, pattern: str, n: int, k: int) -> None:
+    import torch
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_select_kernel import make_inputs
+
+    from tpflare.ops import select_kernel as sk
+
+    s, i = make_inputs(q, n, pattern, seed=0)
+    for _ in range(2):
+        sk.triton_ordered_select(s, i, k)
+    torch.cuda.synchronize()
+
+
+def summary(path: str, top: int) -> None:
+    rows = list(csv.reader(open(path)))
+    src, hdr, lines = None, None, []
+    for r in rows:
+        if len(r) == 2 and r[0] == "File Path":
+            src = r[1].rsplit("/", 1)[-1]
+        elif r and r[0] == "Line No":
+            hdr = r
+        elif hdr and len(r) >= 5 and r[0]:  # a source line (its SASS rows follow, first cell empty)
+            d = dict(zip(hdr, r))
+            try:
+                n = int(d["Warp Stall Sampling (All Samples)"])
+            except (KeyError, ValueError):
+                continue
+            stalls = {h[6:]: int(v) for h, v in zip(hdr, r)
+                      if h.startswith("stall_") and "Not Issued" not in h and v.isdigit() and int(v)}
+            lines.append((n, src, r[0], r[1].strip()[:88], stalls))
+    total = sum(x[0] for x in lines) or 1
+    by_file = collections.Counter()
+    for n, f, *_ in lines:
+        by_file[f] += n
+    print(f"{total} samples; by file: " + ", ".join(f"{f} {100 * n / total:.1f}%" for f, n in by_file.most_common()))
+    for n, f, ln, text, stalls in sorted(lines, key=lambda x: x[0], reverse=True)[:top]:
+        why = ", ".join(f"{k} {v}" for k, v in sorted(stalls.items(), key=lambda x: -x[1])[:3])
+        print(f"{100 * n / total:5.1f}% {f}:{ln}  {text}  [{why}]")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--q", type=int, default=1024)
+    r.add_argument("--n", type=int, default=16384)
+    r.add_argument("--k", type=int, default=2048)
+    r.add_argument("--pattern", default="random")
+    s = sub.add_parser("summary")
+    s.add_argument("csv")
+    s.add_argument("--top", type=int, default=25)
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        run(a.q, a.pattern, a.n, a.k)
+    else:
+        summary(a.csv, a.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
