@@ -14,6 +14,8 @@ Variants (bench only; each full kernel is checked bit for bit against the produc
   f08fc80) where the production kernel bisects (``select_kernel.cutoff_search``);
 * ``scratch``: ``order_row_scratch``, the ordering through global scratch (production up to
   f08fc80) where ``radix.order_row`` gathers from registers; ``f08fc80``: both;
+* ``sub4``, ``sub8``: ``radix.order_row``'s second level from buckets of more than 4 or 8
+  winners (production: ``radix.SPLIT`` = 16), so the in-bucket count takes fewer steps;
 * ``scan1d``: the compaction's slots from one prefix sum over the whole tile (the production
   kernel before ``radix.scan_slots``);
 * ``split*``: the row kernel stops after the finish and a kernel of its own orders the winners
@@ -97,7 +99,7 @@ def _order_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s
     # grid (Q,): one row's winners ordered by a kernel of its own
     row = tl.program_id(0).to(tl.int64)
     order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
-              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT)
 
 
 @generic_jit
@@ -105,7 +107,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
                        N, K, s_sq, s_iq, s_oi, s_os,
                        BLOCK: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
                        FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr,
-                       HIST: tl.constexpr, SCRATCH: tl.constexpr):
+                       HIST: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr):
     # select_kernel._row_kernel (resident tile) up to phase STOP
     row = tl.program_id(0).to(tl.int64)
     sc_row = sc_ptr + row * s_sq
@@ -131,7 +133,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
             else:
                 rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                             cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                            FR2, STOP, SCAN1D, SCRATCH)
+                            FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT)
     else:
         nsel, P, above, m = sk.cutoff_search(s, K)
         all_in = (nsel - above == m).to(tl.int32)
@@ -140,14 +142,14 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
         else:
             rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                         cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                        FR2, STOP, SCAN1D, SCRATCH)
+                        FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT)
 
 
 @triton.jit
 def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr,
                 z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK: tl.constexpr, KB: tl.constexpr,
                 D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr,
-                SCAN1D: tl.constexpr, SCRATCH: tl.constexpr):
+                SCAN1D: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr):
     # the phases after the cutoff prefix: compaction (3), finish (4), ordering (5)
     wk_row = wk_ptr + row * KB
     wv_row = wv_ptr + row * KB
@@ -171,11 +173,11 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
                 order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
-                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
-               scratch=False):
+               scratch=False, split_at=None):
     """The row kernel (resident tile) up to phase ``stop``; returns (ids, scores) at stop 5.
     ``split``: the row kernel stops after the finish and ``_order_kernel`` (``split_warps``
     warps, at most ``maxnreg`` registers a thread) orders the winners."""
@@ -192,6 +194,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     _row_prefix_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0),
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
                              FR1=min(st.FIN_TIERS[0], fr2), FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
+                             SPLIT_AT=SPLIT.value if split_at is None else int(split_at),
                              num_warps=nw)
     if split:
         _order_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
@@ -220,7 +223,7 @@ def ptx_counts(arch: int = 90) -> int:
         return collections.Counter(ops)
 
     consts = dict(BLOCK=16384, KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], HIST=False,
-                  SCRATCH=False, SCAN1D=False)
+                  SCRATCH=False, SCAN1D=False, SPLIT_AT=SPLIT.value)
 
     def count(stop, **kw):
         return instructions(compile_one(_row_prefix_kernel, dict(consts, STOP=stop, **kw), 16, arch).asm["ptx"])
@@ -238,6 +241,7 @@ def ptx_counts(arch: int = 90) -> int:
     return 0
 VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True), "scratch": dict(scratch=True),
             "f08fc80": dict(hist=True, scratch=True),
+            "sub4": dict(split_at=4), "sub8": dict(split_at=8),
             "split16": dict(split=True, split_warps=16),
             "split16r64": dict(split=True, split_warps=16, maxnreg=64),
             "split32": dict(split=True, split_warps=32),
@@ -278,7 +282,7 @@ def main(argv=None) -> int:
                 for stop, sname in enumerate(STOPS):
                     if stop == 1 and not kw.get("hist"):
                         continue  # the bisection has no first half
-                    if vname != "default" and stop < (5 if ("split" in kw or kw == dict(scratch=True)) else
+                    if vname != "default" and stop < (5 if ("split" in kw or "split_at" in kw or kw == dict(scratch=True)) else
                                                       1 if kw.get("hist") else 3):
                         continue  # a variant changes only its phase and those after it
                     ms = time_graph(lambda s, i, stop=stop, kw=kw: row_prefix(s, i, k, stop, **kw), sets, 10, 10)

@@ -210,7 +210,7 @@ def cold(args) -> dict:
         r["disk_cache_first_call_s"] = warm.get("first_s")
         per.append(r)
         print(json.dumps(r), flush=True)
-    pre = _fresh_run(_PRE, [args.capacities, "16384", str(args.k), "48", "12000"])
+    pre = _fresh_run(_PRE, [args.capacities, "16384", str(args.k), "49", "12000"])
     print(json.dumps(pre), flush=True)
     return dict(per_shape=per, precompile=pre)
 

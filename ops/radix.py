@@ -294,11 +294,11 @@ def write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K):
 
 
 @triton.jit
-def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
+def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr, SPLIT_AT: tl.constexpr):
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
     # past them. Bucket rank: bucket_counts gives the bucket sizes and each winner a slot in its
     # bucket; a scan of the sizes gives the buckets' output offsets. When a bucket holds more
-    # than SPLIT winners (keys in clusters: a tie group and a few others), every bucket splits
+    # than SPLIT_AT winners (SPLIT in production; keys in clusters: a tie group and a few others), every bucket splits
     # again (split_buckets), so one scan over all sub-buckets gives every sub-bucket's offset.
     # A winner's rank in its (sub-)bucket counts the members before it: a larger key, or an
     # equal key at an earlier position. Work: KB winners x the largest (sub-)bucket.
@@ -311,7 +311,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     big = tl.max(c, 0)
     off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
     cb = tl.where(live, tl.gather(c, bkt, 0), 0)
-    if big > SPLIT:  # second level over each bucket's own key range
+    if big > SPLIT_AT:  # second level over each bucket's own key range
         sub, slot, cc = split_buckets(key, live, bkt, off, cb, j, z_row, KB)
         big = tl.max(cc, 0)
         cb = tl.where(live, tl.gather(cc, sub, 0), 0)
@@ -338,18 +338,26 @@ def _bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, 
     # grid (Q,): order_row for each row of W (the staged path's winners)
     row = tl.program_id(0).to(tl.int64)
     order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
-              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
+              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT)
 
 
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:
     """One allocation: W keys (int64 ``[Q, KB]``), W score bits, W positions (int32), the winner
-    count a row, then ``extra`` int32 a row for the caller (the staged path's in-play list)."""
-    ws = torch.empty((q * (kb * 4 + 1 + extra),), dtype=torch.int32, device=device)
-    wk = ws[: q * kb * 2].view(torch.int64)
-    wv = ws[q * kb * 2: q * kb * 3]
-    wo = ws[q * kb * 3: q * kb * 4]
-    cnt = ws[q * kb * 4: q * (kb * 4 + 1)]
-    return wk, wv, wo, cnt, ws[q * (kb * 4 + 1):]
+    count a row, then ``extra`` int32 a row for the caller (the in-play list).
+
+    Every part starts on a 16-byte boundary: Triton specialises a pointer argument on its
+    alignment, so a part that started 4 bytes off for some ``Q`` (the in-play list did after
+    the ``Q`` winner counts, for ``Q`` not a multiple of 4) compiled a second kernel for shapes
+    of one launch plan."""
+    sizes = (q * kb * 2, q * kb, q * kb, q, q * extra)
+    starts = []
+    end = 0
+    for size in sizes:
+        starts.append(end)
+        end = -(-(end + size) // 4) * 4
+    ws = torch.empty((end,), dtype=torch.int32, device=device)
+    wk, wv, wo, cnt, rest = (ws[a: a + size] for a, size in zip(starts, sizes))
+    return wk.view(torch.int64), wv, wo, cnt, rest
 
 
 def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, order: str | None = None,

@@ -173,7 +173,7 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
 
 
 if _HAVE_TRITON:
-    from .radix import (ORDER_SCRATCH, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
+    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
                         scan_slots, score_key, top_digit, winner_workspace)
     from .select_finish import finish_row
 
@@ -287,7 +287,7 @@ if _HAVE_TRITON:
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
-                      osc_ptr + row * s_os, K, KB)
+                      osc_ptr + row * s_os, K, KB, SPLIT)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:

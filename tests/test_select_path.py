@@ -1,5 +1,7 @@
 """Which selection kernel a call gets (CPU: the policy needs neither Triton nor a GPU; the
 import itself checks that ``select_kernel`` and ``select_staged`` load without Triton in CI)."""
+import pytest
+
 from tpflare.ops import select_kernel as sk
 
 
@@ -43,3 +45,17 @@ def test_row_tiles():
 
 def test_limits():
     assert sk.supports(131072, 2048) and not sk.supports(131073, 2048) and not sk.supports(16, 2049)
+
+
+def test_workspace_parts_are_16_byte_aligned():
+    """Triton specialises pointer arguments on 16-byte alignment: a workspace part that starts
+    4 bytes off for some Q would compile a second kernel for shapes of one launch plan."""
+    pytest.importorskip("triton")
+    from tpflare.ops.radix import winner_workspace
+
+    for q in (1, 2, 3, 5, 33, 65, 1023):
+        for kb, extra in ((2, 7), (4, 1), (2048, 5000)):
+            parts = winner_workspace(q, kb, extra, "cpu")
+            assert [t.data_ptr() % 16 for t in parts] == [0] * 5, (q, kb, extra)
+            assert [t.numel() for t in parts] == [q * kb, q * kb, q * kb, q, q * extra]
+
