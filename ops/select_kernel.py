@@ -23,11 +23,12 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
 
 * Score key ``s``: an int32 whose signed order is the total order above
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
-  ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to ``RESIDENT_MAX``
-  candidates stay in registers (tiles of 4096 or 16384); longer rows, and rows of 4097..8192
-  from 64 rows, are re-read in chunks (``row_config``).
-* Cutoff prefix: two ``tl.histogram`` passes of 6-bit digits over the top 12 bits of ``s``
-  (sign, exponent, 3 mantissa bits) find the prefix ``P`` of the ``min(k, n_valid)``-th key.
+  ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to 4096 candidates, and of
+  8193..``RESIDENT_MAX``, stay in registers (tiles of 4096 or 16384); longer rows, and rows of
+  4097..8192, are re-read in chunks (``row_config``).
+* Cutoff prefix ``P`` (the top 12 bits of ``s``: sign, exponent, 3 mantissa bits) of the
+  ``min(k, n_valid)``-th key: by bisection over a tile in registers (``cutoff_search``, twelve
+  counts), by two ``tl.histogram`` passes of 6-bit digits over chunks.
 * Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
   (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)``, the raw score bits, the
   position) and the positions of those on ``P`` to the in-play list (random scores: a few
@@ -37,8 +38,9 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
 * Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
   in-play list on the score key, then the id, then the position, appends the still-needed
   winners to ``W``.
-* Ordering in the same program (``radix.order_row``): bucket rank of the winners, so no
-  ``torch.sort`` runs after the kernel.
+* Ordering in the same program (``radix.order_row``): bucket rank of the winners (offsets,
+  sizes and the members' keys from registers, ``tl.gather``), so no ``torch.sort`` runs after
+  the kernel.
 
 Compile time: ``Q`` is the grid and ``N``, ``k`` and the strides are runtime arguments that
 Triton does not specialise, so one compiled kernel serves every shape of a tile class
@@ -46,7 +48,8 @@ Triton does not specialise, so one compiled kernel serves every shape of a tile 
 
 Workspace of the row path (``torch.empty``, no zeroing): ``W`` (16 bytes a winner slot), the
 in-play list ``[Q, N]`` int32 (as large as the scores: the torch path's packed key is twice
-that) and the ordering's scratch (``radix.ORDER_SCRATCH`` x KB int32 a row).
+that) and the ordering's scratch (``radix.ORDER_SCRATCH`` x KB int32 a row); every part on a
+16-byte boundary (``radix.winner_workspace``), since Triton specialises pointers on alignment.
 
 Limits: ``N <= MAX_CANDIDATES`` (131072) candidates a row and ``k <= MAX_K`` (2048)
 (``supports(n, k)``); beyond, ``ordering.ordered_select`` uses the torch path.
