@@ -125,7 +125,9 @@ KNOBS: tuple[Knob, ...] = (
          "it (an all-reduce/all-gather or a DTensor Replicate input upstream proves it): "
          "check = compare the graph inputs it is computed from across ranks once at "
          "preparation (a hash of their bits) and skip the site if they differ (and in every "
-         "later compile of the same Dynamo frame, so results do not depend on call history); "
+         "later compile of the same Dynamo frame; a graph that rewrote the site before the "
+         "failed check keeps its rewrite, and every rank then logs one warning: results "
+         "depend on call history); "
          "trust = the user asserts those inputs are replicated (no check)."),
     # --- candidate selection ---------------------------------------------------
     Knob("select", _choice("auto", "replicated", "owner"), "auto",

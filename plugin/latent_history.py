@@ -1,4 +1,5 @@
-"""Sites whose hidden row the replication check found not replicated: skipped again on recompiles.
+"""Per Dynamo frame: sites whose hidden row the check found not replicated (skipped again on
+recompiles), and sites a compile rewrote (a later failed check there is warned about).
 
 Why.  The replication check (``tpflare.latent_prep``) reads the first call's inputs of each
 compiled graph.  A Dynamo frame can be compiled several times (recompiles: automatic
@@ -28,6 +29,15 @@ a stack that owns its backend calls ``tpflare.latent_history.clear`` from its ow
 Should that not happen, a frame whose Dynamo compile counter went back below a compile that
 found a pair (a reset) drops its pairs; a pair found by the frame's first compile cannot be told
 from a fresh one that way and stays (conservative: a kept all-reduce).
+
+Rewrites are remembered too, the same way (pairs of the weight's source name and a graph input
+the rewritten site's hidden row is computed from, with the compile's index), because the sticky
+skip cannot reach back: a replicated 100-row call first (graph A, static: checked, rewritten),
+then a non-replicated 64-row call (graph B, dynamic: skipped, sticky), and A keeps its rewrite
+(no API evicts one Dynamo cache entry).  ``rewrote_earlier`` lets ``latent_prep`` say so, once
+per frame and site (``warned`` / ``mark_warned``); the ranks agree on both flags as on the
+sticky one.  Pairs, not weights alone: one weight can serve two sites, one of them rewritten
+and the other found unreplicated in the same graph.  ``clear`` forgets these too.
 """
 from __future__ import annotations
 
@@ -50,7 +60,20 @@ class Frame:
     compile_index: int | None = None
 
 
-_found: dict[str, dict[tuple[str, str], int | None]] = {}   # frame key -> (weight, input) -> compile index
+_Pairs = dict[tuple[str, str], "int | None"]      # (weight, input) -> index of the compile that recorded it
+
+
+@dataclasses.dataclass
+class _History:
+    """What the compiles of one frame recorded: pairs found not replicated, pairs of rewritten
+    sites, and the weights whose earlier-rewrite warning was logged."""
+
+    found: _Pairs = dataclasses.field(default_factory=dict)
+    rewrote: _Pairs = dataclasses.field(default_factory=dict)
+    warned: set[str] = dataclasses.field(default_factory=set)
+
+
+_frames: dict[str, _History] = {}   # frame key -> its history
 _lock = threading.Lock()
 
 
@@ -83,28 +106,44 @@ def current_frame() -> Frame:
     return Frame(f"frame {frame_id} ({_code_label()})", getattr(cid, "frame_compile_id", None))
 
 
-def _pairs_of(frame: Frame) -> dict[tuple[str, str], int | None]:
-    """This frame's pairs (lock held); drops them when Dynamo's counter for the frame went back."""
-    pairs = _found.get(frame.key, {})
-    if frame.compile_index is not None and any(
-            i is not None and i > frame.compile_index for i in pairs.values()):
+def _history_of(frame: Frame) -> _History:
+    """This frame's history (lock held; not stored until written); dropped when Dynamo's counter
+    for the frame went back below a compile that recorded something (a reset that missed ``clear``)."""
+    h = _frames.get(frame.key)
+    if h is None:
+        return _History()
+    indices = list(h.found.values()) + list(h.rewrote.values())
+    if frame.compile_index is not None and any(i is not None and i > frame.compile_index for i in indices):
         log.info("tpflare latent gather: %s compiles again from #%d (torch._dynamo.reset() ran): "
-                 "its non-replicated sites are forgotten", frame.key, frame.compile_index)
-        pairs = {}
-        _found.pop(frame.key, None)
-    return pairs
+                 "what its earlier compiles found and rewrote is forgotten", frame.key, frame.compile_index)
+        _frames.pop(frame.key, None)
+        return _History()
+    return h
+
+
+def _earlier(frame: Frame, at: int | None) -> bool:
+    """Whether a pair recorded by compile ``at`` comes from a compile before ``frame``'s (unknown: yes)."""
+    return at is None or frame.compile_index is None or at < frame.compile_index
+
+
+def _add(frame: Frame, field: str, weight: str, inputs: Iterable[str]) -> None:
+    """Record ``(weight, input)`` pairs in ``field`` of ``frame``'s history (the first index stays)."""
+    with _lock:
+        h = _history_of(frame)
+        pairs = getattr(h, field)
+        for name in inputs:
+            pairs.setdefault((weight, name), frame.compile_index)
+        if pairs:
+            _frames[frame.key] = h
 
 
 def found_earlier(frame: Frame, weight: str, inputs: Iterable[str]) -> str | None:
     """The first of ``inputs`` an *earlier* compile of ``frame`` found differing across ranks at the
     site of ``weight``; None when there is none (a pair found by this same compile does not count)."""
     with _lock:
-        pairs = _pairs_of(frame)
+        pairs = _history_of(frame).found
         for name in sorted(inputs):
-            if (weight, name) not in pairs:
-                continue
-            at = pairs[(weight, name)]
-            if at is None or frame.compile_index is None or at < frame.compile_index:
+            if (weight, name) in pairs and _earlier(frame, pairs[(weight, name)]):
                 return name
     return None
 
@@ -112,27 +151,59 @@ def found_earlier(frame: Frame, weight: str, inputs: Iterable[str]) -> str | Non
 def remember(frame: Frame, weight: str, inputs: Iterable[str]) -> None:
     """Record that this compile of ``frame`` found ``inputs`` differing across ranks at ``weight``'s site."""
     inputs = list(inputs)
-    with _lock:
-        pairs = _pairs_of(frame)
-        for name in inputs:
-            pairs.setdefault((weight, name), frame.compile_index)
-        if pairs:
-            _found[frame.key] = pairs
+    _add(frame, "found", weight, inputs)
     log.debug("tpflare latent gather: %s: %s not replicated at %s; later compiles skip the site",
               frame.key, ", ".join(inputs), weight)
+
+
+def remember_rewrite(frame: Frame, weight: str, inputs: Iterable[str]) -> None:
+    """Record that this compile of ``frame`` rewrote ``weight``'s site, whose hidden row is computed
+    from graph inputs ``inputs`` (a site proven by a collective, with no such input, records nothing:
+    no bits check can fail there later)."""
+    _add(frame, "rewrote", weight, inputs)
+
+
+def rewrote_earlier(frame: Frame, weight: str, inputs: Iterable[str]) -> bool:
+    """Whether an *earlier* compile of ``frame`` rewrote a site of ``weight`` whose hidden row was
+    computed from one of ``inputs``."""
+    with _lock:
+        pairs = _history_of(frame).rewrote
+        return any((weight, name) in pairs and _earlier(frame, pairs[(weight, name)]) for name in inputs)
+
+
+def warned(frame: Frame, weight: str) -> bool:
+    """Whether the earlier-rewrite warning for ``weight``'s site of ``frame`` was logged already."""
+    with _lock:
+        return weight in _history_of(frame).warned
+
+
+def mark_warned(frame: Frame, weight: str) -> None:
+    """Record that the earlier-rewrite warning for ``weight``'s site of ``frame`` was logged."""
+    with _lock:
+        h = _history_of(frame)
+        h.warned.add(weight)
+        _frames[frame.key] = h
 
 
 def clear() -> None:
     """Forget every frame (``torch._dynamo.reset()`` calls this through the tpflare backend)."""
     with _lock:
-        _found.clear()
+        _frames.clear()
 
 
 def describe() -> list[dict[str, object]]:
-    """What is remembered: one entry per (frame, weight, input), for tests and debugging."""
+    """The pairs found not replicated: one entry per (frame, weight, input), for tests and debugging."""
     with _lock:
         return [dict(frame=k, weight=w, input=n, compile_index=i)
-                for k, pairs in _found.items() for (w, n), i in pairs.items()]
+                for k, h in _frames.items() for (w, n), i in h.found.items()]
 
 
-__all__ = ["Frame", "current_frame", "found_earlier", "remember", "clear", "describe"]
+def describe_rewrites() -> list[dict[str, object]]:
+    """The rewritten sites: one entry per (frame, weight, input), with whether their warning was logged."""
+    with _lock:
+        return [dict(frame=k, weight=w, input=n, compile_index=i, warned=w in h.warned)
+                for k, h in _frames.items() for (w, n), i in h.rewrote.items()]
+
+
+__all__ = ["Frame", "current_frame", "found_earlier", "remember", "remember_rewrite", "rewrote_earlier",
+           "warned", "mark_warned", "clear", "describe", "describe_rewrites"]

@@ -11,7 +11,9 @@ spelling of a TP all-reduce alike) with fake inputs.  Per graph, on every rank:
    source) and agree on them collectively with the ranks of the sites' groups:
    one decision per site, identical everywhere, one reason per skip; a site whose
    hidden row an earlier compile of the same Dynamo frame found not replicated is
-   skipped again (``tpflare.latent_history``: the sticky skip);
+   skipped again (``tpflare.latent_history``: the sticky skip); where a failed check meets a
+   site an earlier compile of the frame rewrote, every rank logs one warning for it (the earlier
+   graph keeps its rewrite: results depend on call history);
 4. the rows gate (among the static gates, before the replication check): on a symbolic row
    count it becomes a shape guard (a graph below the gate recompiles and keeps the all-reduce);
 5. build the row shards of exactly the rewritten sites (registered, the DTensor
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from typing import Any, Callable, Sequence
 
 import torch
@@ -38,6 +41,14 @@ from .config import Settings
 from .distributed import agree, group_rank, group_ranks, group_size, is_distributed
 from .errors import TpflareError
 
+
+log = logging.getLogger("tpflare.latent_gather")
+
+# What a rewritten site's plan entry carries for preparation only, not into its report record.
+_NOT_REPORTED = ("registered", "dtensor", "upstream")
+
+EARLIER_REWRITE = ("; but an earlier compile of this frame rewrote this site, and its graph gives other bits "
+                   "(see the warning on tpflare.latent_gather)")
 
 try:
     from torch._inductor.output_code import OutputCode
@@ -227,6 +238,28 @@ def _sticky_reason(i: int, everyone: list, ranks: list) -> str | None:
     return None
 
 
+def _any_rank(i: int, everyone: list, flag: str) -> bool:
+    """Whether some rank's record of site ``i`` has ``flag`` (one rank is enough: the ranks' own
+    histories are not trusted to match, and every rank reads the same records)."""
+    return any(o[i].get(flag) for o in everyone)
+
+
+def _warn_earlier_rewrite(site: str, weight: str, inputs: list[str], frame: str) -> None:
+    """Say loudly that a frame's results now depend on call history: an earlier graph of the frame
+    rewrote a site whose hidden row this compile's check found not replicated."""
+    log.warning(
+        "tpflare latent gather: graph input %s at the site of %s (site %s, %s) differs across ranks, but an "
+        "earlier compile of this frame rewrote that site after checking replicated inputs. That graph "
+        "cannot be un-rewritten and stays in Dynamo's cache, so results now depend on call history: the "
+        "same replicated input gets the gather's bits from the earlier graph and the all-reduce's bits "
+        "from this one (an input the earlier graph served gets this one's from now on wherever this "
+        "graph's guards accept it: Dynamo tries the newest graph first), and a non-replicated input the "
+        "earlier graph still serves (its guards accept it, no newer graph's do) gets a result that "
+        "differs from eager's. The hidden row must be replicated on every call (fix the caller), or set "
+        "TPFLARE_LATENT_GATHER=0 for this model. (Logged once per frame and site.)",
+        ", ".join(inputs), weight, site, frame)
+
+
 # --- the inner compiler -----------------------------------------------------------------------------
 def _group_info(g: str) -> tuple[int, int]:
     return group_rank(g), group_size(g)
@@ -243,6 +276,7 @@ class LatentGatherCompiler:
         self.inner = inner or compile_fx_inner
         self._flat: list | None = flat_real_inputs(dynamo_gm, real_inputs)
         self._frame = latent_history.current_frame()   # read now: inside Dynamo's compile of the frame
+        self._warned: set[str] = set()   # weights this compile warned about (two sites can share one)
 
     def release(self) -> None:
         """Drop the references to the real inputs (activations) once compile_fx returned."""
@@ -265,7 +299,16 @@ class LatentGatherCompiler:
             if plan:
                 example_inputs, kwargs = self._rewrite(gm, example_inputs, kwargs, plan, placeholders, bindings)
         compiled = self.inner(gm, example_inputs, **kwargs)
-        return RowShardCall(compiled, bindings) if plan else compiled
+        if not plan:
+            return compiled
+        self._remember_rewrites(plan)
+        return RowShardCall(compiled, bindings)
+
+    def _remember_rewrites(self, plan) -> None:
+        """Tell ``latent_history`` which sites this compile rewrote (once its graph compiled), so a
+        later compile of the frame whose check fails at one of them can say so."""
+        for _s, info in plan:
+            latent_history.remember_rewrite(self._frame, info["weight_name"], info["upstream"])
 
     # one local summary per site, agreed over the sites' groups ------------------------------------
     def _local(self, gm, sites, placeholders, fakes, is_inference) -> list[dict[str, Any]]:
@@ -286,8 +329,10 @@ class LatentGatherCompiler:
                 rec.update(self._replication(s, upstream, index, order, st, states))
                 rec.update(self._row_source(s, index))
                 rec["rows_hint"] = str(_hint(s.rows()))
-                rec["sticky"] = latent_history.found_earlier(self._frame, rec["weight_name"],
-                                                             rec["leaf_names"].values())
+                inputs = list(rec["leaf_names"].values())      # source names, stable across recompiles
+                rec["sticky"] = latent_history.found_earlier(self._frame, rec["weight_name"], inputs)
+                rec["rewrote_earlier"] = latent_history.rewrote_earlier(self._frame, rec["weight_name"], inputs)
+                rec["rewrite_warned"] = latent_history.warned(self._frame, rec["weight_name"])
             out.append(rec)
         return out
 
@@ -357,22 +402,41 @@ class LatentGatherCompiler:
             everyone, ranks = [me], [0]
         plan = []
         for i, (s, rec) in enumerate(zip(sites, me)):
+            base = dict(site=f"{self.graph_id}:{s.name}", group=s.group, spelling=s.reduce.spelling)
+            if s.n:
+                base.update(N=s.n, K=s.k, W=s.world, layout=s.layout, bias=s.bias is not None)
             reason, differing = self._agreed_reason(i, rec, everyone, ranks)
             if differing:      # the only reason that depends on the call's values: sticky for the frame
-                latent_history.remember(self._frame, rec["weight_name"], differing)
+                suffix, marks = self._not_replicated(i, rec, differing, everyone, base["site"])
+                reason, base = reason + suffix, dict(base, **marks)
             if reason is None:
                 rec = dict(rec, registered=all(o[i]["registered"] for o in everyone),
                            dtensor=all(o[i]["dtensor"] for o in everyone))
                 if not rec["registered"] and self.settings.latent_gather_reshard != "auto":
                     reason = "no registered row shard and TPFLARE_LATENT_GATHER_RESHARD=never"
-            base = dict(site=f"{self.graph_id}:{s.name}", group=s.group, spelling=s.reduce.spelling)
-            if s.n:
-                base.update(N=s.n, K=s.k, W=s.world, layout=s.layout, bias=s.bias is not None)
             if reason:
                 reporting.record("latent_gather", "skipped", reason=reason, **base)
                 continue
-            plan.append((s, dict(base, **{k: rec[k] for k in ("registered", "dtensor", "weight_name", "proof")})))
+            plan.append((s, dict(base, upstream=list(rec["leaf_names"].values()),
+                                 **{k: rec[k] for k in ("registered", "dtensor", "weight_name", "proof")})))
         return plan
+
+    def _not_replicated(self, i: int, rec: dict, differing: list[str], everyone: list,
+                        site: str) -> tuple[str, dict[str, Any]]:
+        """A check found site ``i``'s hidden row not replicated (graph inputs ``differing``): remember
+        it for the frame's later compiles.  Where an earlier compile rewrote the site (some rank says
+        so), warn once per frame and site (unless some rank did already) and return the skip reason's
+        suffix and the record's mark (``earlier_rewrite=True``); else ``("", {})``.  Every rank reads
+        the same records, so every rank says the same."""
+        weight = rec["weight_name"]
+        latent_history.remember(self._frame, weight, differing)
+        if not _any_rank(i, everyone, "rewrote_earlier"):
+            return "", {}
+        if not _any_rank(i, everyone, "rewrite_warned") and weight not in self._warned:
+            _warn_earlier_rewrite(site, weight, differing, self._frame.key)
+            latent_history.mark_warned(self._frame, weight)
+            self._warned.add(weight)
+        return EARLIER_REWRITE, {"earlier_rewrite": True}
 
     @staticmethod
     def _agreed_reason(i: int, rec: dict, everyone: list, ranks: list) -> tuple[str | None, list[str]]:
@@ -434,7 +498,7 @@ class LatentGatherCompiler:
                 info.update(row_shard="shared", memory_added_bytes=0)
             done = rewrite(gm.graph, s, rows_nodes[ci], fake_mode, self.settings.latent_gather_channel_rows,
                            replaced)
-            rec = {k: v for k, v in info.items() if k not in ("registered", "dtensor")}
+            rec = {k: v for k, v in info.items() if k not in _NOT_REPORTED}
             reporting.record("latent_gather", "rewritten", **rec, **done)
         gm.graph.eliminate_dead_code()
         gm.graph.lint()

@@ -273,3 +273,62 @@ def test_one_rank_with_the_sticky_flag_makes_every_rank_skip():
     why, differing = LatentGatherCompiler._agreed_reason(0, rec(None), [[rec(None)], [other_bits]], [0, 1])
     assert "graph input L['x'] differs across ranks" in why and differing == ["L['x']"]
     assert LatentGatherCompiler._agreed_reason(0, rec(None), [[rec(None)], [rec(None)]], [0, 1]) == (None, [])
+
+
+def test_rewrites_are_remembered_for_later_compiles_of_their_frame_and_warned_once():
+    from tpflare import latent_history as lh
+
+    lh.clear()
+    try:
+        first, later = lh.Frame("frame 0 (f)", 0), lh.Frame("frame 0 (f)", 1)
+        lh.remember_rewrite(first, "L['c']", ["L['x']"])
+        lh.remember_rewrite(first, "L['e']", [])                            # proven by a collective: nothing
+        assert not lh.rewrote_earlier(first, "L['c']", ["L['x']"])           # the compile that rewrote it
+        assert lh.rewrote_earlier(later, "L['c']", ["L['x']", "L['x'].size()[0]"])
+        assert not lh.rewrote_earlier(later, "L['c']", ["L['y']"])           # another site of the same weight
+        assert not lh.rewrote_earlier(later, "L['d']", ["L['x']"])           # another weight
+        assert not lh.rewrote_earlier(lh.Frame("frame 1 (g)", 1), "L['c']", ["L['x']"])   # another frame
+        assert lh.describe() == []                                           # rewrites are not sticky skips
+        assert not lh.warned(later, "L['c']")
+        lh.mark_warned(later, "L['c']")
+        assert lh.warned(later, "L['c']") and not lh.warned(later, "L['d']")
+        assert [(d["weight"], d["input"], d["compile_index"], d["warned"]) for d in lh.describe_rewrites()] == \
+            [("L['c']", "L['x']", 0, True)]
+        lh.remember_rewrite(lh.Frame("frame 2 (h)", 2), "w", ["x"])
+        assert not lh.rewrote_earlier(lh.Frame("frame 2 (h)", 1), "w", ["x"])   # counter went back: a reset
+        assert [d["frame"] for d in lh.describe_rewrites()] == ["frame 0 (f)"]
+        lh.remember_rewrite(lh.Frame(lh.UNKNOWN), "x", ["y"])                  # no compile id: every later graph
+        assert lh.rewrote_earlier(lh.Frame(lh.UNKNOWN), "x", ["y"])
+        lh.clear()
+        assert lh.describe_rewrites() == [] and not lh.warned(later, "L['c']")
+    finally:
+        lh.clear()
+
+
+def test_one_rank_that_saw_the_rewrite_makes_every_rank_warn_once(caplog):
+    """The earlier-rewrite mark and the warning come from every rank's record (one rank that has the
+    flag is enough), and one rank that warned already keeps every rank quiet."""
+    from tpflare import latent_history as lh
+    from tpflare.latent_prep import EARLIER_REWRITE, LatentGatherCompiler
+
+    lh.clear()
+    compiler = object.__new__(LatentGatherCompiler)        # the agreement only: no graph, no inputs
+    compiler._frame, compiler._warned = lh.Frame("frame 0 (f)", 1), set()
+    rec = dict(weight_name="L['c']", rewrote_earlier=False, rewrite_warned=False)
+    try:
+        with caplog.at_level("WARNING", logger="tpflare.latent_gather"):
+            assert compiler._not_replicated(0, rec, ["L['x']"], [[rec], [rec]], "g:s") == ("", {})
+            assert caplog.messages == []
+            seen = [[rec], [dict(rec, rewrote_earlier=True)]]                  # only rank 1 saw the rewrite
+            assert compiler._not_replicated(0, rec, ["L['x']"], seen, "g:s") == \
+                (EARLIER_REWRITE, {"earlier_rewrite": True})
+            [msg] = caplog.messages
+            assert "graph input L['x'] at the site of L['c'] (site g:s, frame 0 (f))" in msg, msg
+            assert lh.warned(compiler._frame, "L['c']")
+            compiler._warned = set()                                           # a later compile, say
+            quiet = [[dict(rec, rewrote_earlier=True)], [dict(rec, rewrite_warned=True)]]
+            assert compiler._not_replicated(0, rec, ["L['x']"], quiet, "g:s")[1] == {"earlier_rewrite": True}
+            assert len(caplog.messages) == 1                                   # rank 1 warned already
+        assert lh.found_earlier(lh.Frame("frame 0 (f)", 2), "L['c']", ["L['x']"]) == "L['x']"
+    finally:
+        lh.clear()

@@ -6,6 +6,9 @@ not replicated, dynamic row counts, Inductor's FX-graph cache and a stack's own
 backend calling ``tpflare.compile_fx``.  Every rewritten output is compared with a
 float64 reference and with the reduce path; every skip must name its reason.
 """
+import contextlib
+import logging
+
 import pytest
 import torch
 
@@ -55,6 +58,28 @@ def _records():
 
     return [(r["decision"], r.get("reason") or "", r.get("spelling"), r.get("row_shard"), r.get("proof"))
             for r in tpflare.report() if r["kind"] == "latent_gather"]
+
+
+class _Kept(logging.Handler):
+    """Keeps the messages of the WARNING records it sees (caplog inside a rank's process)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _warnings(name="tpflare.latent_gather"):
+    """The warnings logged on ``name`` inside the block, as a list of messages."""
+    kept, logger = _Kept(), logging.getLogger(name)
+    logger.addHandler(kept)
+    try:
+        yield kept.messages
+    finally:
+        logger.removeHandler(kept)
 
 
 def _setup():
@@ -374,7 +399,7 @@ def _history(rank, world):
     x64, x100 = _x(world, 64, 1), _x(world, 100, 2)
     bad = x64 + rank                                    # each rank a different row: breaks the contract
     out = {}
-    with tpflare.config.patch(latent_gather=True):
+    with _warnings() as warned, tpflare.config.patch(latent_gather=True):
         for run, calls in (("history", [bad, x100, bad]), ("after_reset", [x100, x64])):
             torch._dynamo.reset()
             tpflare.clear_report()
@@ -384,6 +409,7 @@ def _history(rank, world):
                             eager=[torch.equal(y, f(x, c)) for x, y in zip(calls, ys)],
                             gather=[torch.equal(y, _gather_bits(x, w, world)) for x, y in zip(calls, ys)],
                             max_diff=[(y.float() - f(x, c).float()).abs().max().item() for x, y in zip(calls, ys)])
+    out["warnings"] = list(warned)
     return out
 
 
@@ -402,10 +428,51 @@ def test_a_row_found_unreplicated_stays_skipped_in_later_compiles_of_the_frame()
         first, second = (rec[1] for rec in h["records"])
         assert "graph input L['x'] differs across ranks" in first, first
         assert "an earlier compile of this frame found graph input L['x'] differing across ranks" in second, second
-        assert "call history" in second, second
+        assert "call history" in second and "earlier compile of this frame rewrote" not in second, second
+        assert r["warnings"] == [], r["warnings"]                # no rewrite preceded: nothing to warn about
         fresh = r["after_reset"]                                               # the reset cleared the history
         assert [rec[0] for rec in fresh["records"]] == ["rewritten", "rewritten"], fresh
         assert fresh["gather"] == [True, True] and fresh["same"], fresh
+
+
+def _rewrite_then_unreplicated(rank, world):
+    """What the sticky skip cannot undo (automatic dynamic): a replicated 100-row row (graph A,
+    static: checked, rewritten), a 64-row row that is *not* replicated (recompiled with a symbolic
+    row count: graph B, skipped), then the first input again, which Dynamo serves with B."""
+    tpflare = _setup()
+    f, c, w = _plain_site(rank, world, 4)
+    x100, bad = _x(world, 100, 2), _x(world, 64, 1) + rank
+    calls = [x100, bad, x100]
+    with _warnings() as warned, tpflare.config.patch(latent_gather=True):
+        torch._dynamo.reset()
+        cf = torch.compile(f, backend="tpflare", fullgraph=True)          # automatic dynamic
+        ys = [cf(x, c) for x in calls]
+    recs = [r for r in tpflare.report() if r["kind"] == "latent_gather"]
+    return dict(records=[(r["decision"], r.get("reason") or "", r.get("earlier_rewrite")) for r in recs],
+                warnings=list(warned), same=all(_same_everywhere(y) for y in ys),
+                eager=[torch.equal(y, f(x, c)) for x, y in zip(calls, ys)],
+                first_is_gather=torch.equal(ys[0], _gather_bits(x100, w, world)),
+                first_equals_third=torch.equal(ys[0], ys[2]))
+
+
+def test_a_failed_check_after_a_rewrite_of_the_site_warns_once_on_every_rank():
+    """The rewritten graph A cannot be un-rewritten: the replicated input gets the gather's bits on
+    its first call and the all-reduce's (graph B's, eager's) on its second.  Every rank says so:
+    one warning, and the skip's record carries ``earlier_rewrite=True``."""
+    res = run_ranks(_rewrite_then_unreplicated, 2, timeout=120)
+    for r in res:
+        assert [(d, e) for d, _, e in r["records"]] == [("rewritten", None), ("skipped", True)], r["records"]
+        why = r["records"][1][1]
+        assert "graph input L['x'] differs across ranks" in why and "earlier compile of this frame rewrote" in why, why
+        [msg] = r["warnings"]                                             # one warning, on every rank
+        for part in ("graph input L['x'] at the site of L['c']", "differs across ranks",
+                     "earlier compile of this frame rewrote that site", "call history",
+                     "fix the caller", "TPFLARE_LATENT_GATHER=0"):
+            assert part in msg, (part, msg)
+        # the documented history dependence: call 1 (graph A) the gather's bits, call 3 (graph B) eager's
+        assert r["first_is_gather"] and r["eager"] == [False, True, True], r
+        assert not r["first_equals_third"] and r["same"], r
+    assert res[0]["warnings"] == res[1]["warnings"]                       # the same words everywhere
 
 
 # --- Inductor's FX-graph cache, and a stack's own backend ------------------------------------------
