@@ -231,7 +231,8 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
         base = timings[DEFAULT]["max_rank_ms"]
         if timings[best]["max_rank_ms"] > base * (1 - settings.race_near_tie):
             why = (f"{best} within TPFLARE_RACE_NEAR_TIE={settings.race_near_tie} of the default "
-                   f"({timings[best]['max_rank_ms']:.4f} vs {base:.4f} ms): default kept")
+                   f"({timings[best]['max_rank_ms']:.4f} vs {base:.4f} ms, slowest rank's medians, "
+                   f"{timings[DEFAULT]['timing']} timing): default kept")
             best = DEFAULT
     return best, timings, validation, why
 
