@@ -41,7 +41,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
-from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bucket_counts, generic_jit, load_chunk, order_row,  # noqa: E402
+from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bucket_counts, bucket_kernel, generic_jit, load_chunk, order_row,  # noqa: E402
                                pick_digit, put_winners, score_key, split_buckets, top_digit, winner_workspace,
                                write_ranked)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
@@ -92,14 +92,6 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
             oo = tl.load(wo_row + jo, mask=mt, other=0)
             r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
     write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
-
-
-@generic_jit
-def _order_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
-    # grid (Q,): one row's winners ordered by a kernel of its own
-    row = tl.program_id(0).to(tl.int64)
-    order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
-              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT)
 
 
 @generic_jit
@@ -179,7 +171,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
                scratch=False, split_at=None):
     """The row kernel (resident tile) up to phase ``stop``; returns (ids, scores) at stop 5.
-    ``split``: the row kernel stops after the finish and ``_order_kernel`` (``split_warps``
+    ``split``: the row kernel stops after the finish and ``radix.bucket_kernel`` (``split_warps``
     warps, at most ``maxnreg`` registers a thread) orders the winners."""
     q, n = scores.shape
     kb = max(2, st.next_pow2(k))
@@ -197,7 +189,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
                              SPLIT_AT=SPLIT.value if split_at is None else int(split_at),
                              num_warps=nw)
     if split:
-        _order_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
+        bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
                             num_warps=split_warps, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out_ids, out_sc
 

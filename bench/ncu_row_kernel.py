@@ -3,12 +3,14 @@
     ncu --import-source yes --set full -k regex:'^_row_kernel$' -c 1 -o row \\
         python3 bench/ncu_row_kernel.py run --q 1024 --pattern random
     ncu -i row.ncu-rep --page source --csv --print-source cuda,sass > row_src.csv
-    python3 bench/ncu_row_kernel.py summary row_src.csv [--top 25]      # any machine
+    ncu -i row.ncu-rep --page details --csv > row_details.csv
+    python3 bench/ncu_row_kernel.py summary row_src.csv [--details row_details.csv] [--top 25]   # any machine
 
 ``run`` calls the production kernel (``triton_ordered_select``, N = 16384, k = 2048) twice, so
 the profiled launch is a compiled one. ``summary`` adds up ncu's warp-state samples by source
 line (Triton's line info points at ``ops/*.py``) and prints the lines with the most samples,
-each with its three largest stall reasons: what a change should shorten.
+each with its three largest stall reasons: what a change should shorten; with ``--details``,
+first the kernel-wide figures of ``DETAILS`` (duration, IPC, occupancy, spill requests).
 """
 from __future__ import annotations
 
@@ -30,6 +32,19 @@ def run(q: int, pattern: str, n: int, k: int) -> None:
     for _ in range(2):
         sk.triton_ordered_select(s, i, k)
     torch.cuda.synchronize()
+
+
+DETAILS = ("Duration", "Executed Ipc Active", "Issue Slots Busy", "Achieved Occupancy", "Registers Per Thread",
+           "Local Memory Spilling Requests")
+
+
+def details(path: str) -> None:
+    """The kernel-wide metrics of ``DETAILS`` from ncu's details page (CSV)."""
+    rows = list(csv.reader(open(path)))
+    hdr = rows[0]
+    name, unit, value = (hdr.index(c) for c in ("Metric Name", "Metric Unit", "Metric Value"))
+    got = {r[name]: f"{r[value]} {r[unit]}".strip() for r in rows[1:] if len(r) > value and r[name] in DETAILS}
+    print("; ".join(f"{m}: {got[m]}" for m in DETAILS if m in got))
 
 
 def summary(path: str, top: int) -> None:
@@ -70,10 +85,13 @@ def main(argv=None) -> int:
     s = sub.add_parser("summary")
     s.add_argument("csv")
     s.add_argument("--top", type=int, default=25)
+    s.add_argument("--details", help="ncu's details page as CSV: kernel-wide figures first")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         run(a.q, a.pattern, a.n, a.k)
     else:
+        if a.details:
+            details(a.details)
         summary(a.csv, a.top)
     return 0
 

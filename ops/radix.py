@@ -11,7 +11,7 @@ copy of a pass's code serves every digit, which keeps compile time to a second o
 
 Both paths leave the row's winners unordered in a workspace ``W`` (``[Q, KB]`` packed keys,
 score bits and positions, plus the winner count a row); ``order_row`` (in the row kernel, or
-``_bucket_kernel`` after the staged path) or ``order_winners``'s other orderings order them.
+``bucket_kernel`` after the staged path) or ``order_winners``'s other orderings order them.
 
 Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).
 """
@@ -298,15 +298,16 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
     # past them. Bucket rank: bucket_counts gives the bucket sizes and each winner a slot in its
     # bucket; a scan of the sizes gives the buckets' output offsets. When a bucket holds more
-    # than SPLIT_AT winners (SPLIT in production; keys in clusters: a tie group and a few others), every bucket splits
-    # again (split_buckets), so one scan over all sub-buckets gives every sub-bucket's offset.
+    # than SPLIT_AT winners (SPLIT in production; keys in clusters: a tie group and a few
+    # others), every bucket splits again (split_buckets), so one scan over all sub-buckets
+    # gives every sub-bucket's offset.
     # A winner's rank in its (sub-)bucket counts the members before it: a larger key, or an
     # equal key at an earlier position. Work: KB winners x the largest (sub-)bucket.
     # A winner's offset and size, and the members' keys and positions in the count, come from
     # registers (tl.gather), not from global scratch: one store of the member list, one barrier
     # and one load where every step of the count took two dependent L2 round trips. H200, 1024
-    # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms; with
-    # 4 warps (rows of 4096) 0.254 against 0.345. z_row: ORDER_SCRATCH x KB int32.
+    # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
+    # z_row: ORDER_SCRATCH x KB int32.
     j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB)
     big = tl.max(c, 0)
     off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
@@ -334,7 +335,7 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
 
 
 @generic_jit
-def _bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
+def bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
     # grid (Q,): order_row for each row of W (the staged path's winners)
     row = tl.program_id(0).to(tl.int64)
     order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
@@ -389,7 +390,7 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
                                   KB=kb, num_warps=max(1, min(8, kb // 256)))
     elif order == "bucket":
         z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=wk.device)
-        _bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
+        bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
                              num_warps=max(1, min(8, kb // 256)))
     else:
         raise ValueError(f"order must be rank, bucket or sort, got {order!r}")

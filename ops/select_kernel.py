@@ -151,9 +151,9 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     select_kernel_h200_tiles_*5e5e4c2*.json): at N = 6000 and 8192 the chunks took 0.94-0.98x
     the 16384 register tile's time from 8 to 128 rows (random and tied scores), at N = 12000
     and 16384 1.05-1.11x (tied scores; so not there); at N = 2500 and 4096 16 warps took
-    0.79-0.94x the time of 4 up to 128 rows, 0.99-1.11x from 256. 32 warps (d38c0dd's record): at N >= 65536
-    0.85-0.97x the 16 warps' (1.02x at N = 65536, Q = 64, random scores); at N = 32768
-    0.98-1.04x (so not there).
+    0.79-0.94x the time of 4 up to 128 rows, 0.99-1.11x from 256. 32 warps (d38c0dd's
+    record): at N >= 65536 0.85-0.97x the 16 warps' (1.02x at N = 65536, Q = 64, random
+    scores); at N = 32768 0.98-1.04x (so not there).
     """
     if resident is None:
         resident = n <= 4096 or 8192 < n <= RESIDENT_MAX
@@ -199,7 +199,8 @@ if _HAVE_TRITON:
         # the top 12 bits u of the score keys s (-2**31: invalid): nsel = min(valid, K), the
         # largest 12-bit prefix P with count(u >= P) >= nsel, how many are above it and how
         # many on it. u >= c compares s with c's first key, (c << 20) ^ -2**31, so no tile of u
-        # is held (spills 68 bytes a thread against 236 with the histograms' u). Twelve counts
+        # is held (spills 72 bytes a thread against 236 with the histograms' u, Triton 3.6, sm_90:
+        # tools/compile_select_kernels.py). Twelve counts
         # (a compare and an add a candidate, one sum each), two of them packed with a second
         # count (a tile holds < 2**16). H200, 1024 rows of 16384 (bench/bench_row_phases.py):
         # 0.051 against 0.078 ms for the two tl.histogram passes.
@@ -253,8 +254,9 @@ if _HAVE_TRITON:
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                     ORDER: tl.constexpr):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
-        # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one compaction sends the candidates above it to W and those on it to P; the
-        # finish picks the still-needed winners in P; ORDER: the program orders its winners too
+        # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
+        # compaction sends the candidates above it to W and those on it to P; the finish picks
+        # the still-needed winners in P; ORDER: the program orders its winners too
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq

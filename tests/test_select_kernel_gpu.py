@@ -380,7 +380,7 @@ def _kernels():
     from tpflare.ops import radix, select_staged
 
     return [sk._row_kernel, select_staged._hist_kernel, select_staged._compact_kernel, select_staged._finish_kernel,
-            radix._rank_kernel, radix._decode_runs_kernel, radix._bucket_kernel]
+            radix._rank_kernel, radix._decode_runs_kernel, radix.bucket_kernel]
 
 
 def _compiled_variants() -> int:

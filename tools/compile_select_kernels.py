@@ -45,7 +45,7 @@ KERNELS = {
     "staged finish": (st._finish_kernel, _FIN, 8),
     "rank": (rx._rank_kernel, dict(KB=2048, SL=16, JB=512), 4),
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
-    "bucket order": (rx._bucket_kernel, dict(KB=2048), 8),
+    "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
 }
 _ROW = dict(KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], ORDER=True)
 KERNELS.update({
