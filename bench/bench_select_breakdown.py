@@ -21,7 +21,7 @@ from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 from tpflare.ops import radix, select_kernel as sk, select_staged as st  # noqa: E402
 
 
-def staged_prefix(scores, ids, k, stop: int):
+def staged_prefix(scores, ids, k, stop: int, play=None):
     """The staged path's launches up to stage ``stop`` (0 memset .. 4 ordering), as staged_select."""
     q, n = scores.shape
     kb = max(2, st.next_pow2(k))
@@ -31,9 +31,11 @@ def staged_prefix(scores, ids, k, stop: int):
     z = torch.zeros((q, st._ZS), dtype=torch.int32, device=scores.device)
     if stop == 0:
         return z
-    wk, wv, wo, cnt, pl = radix.winner_workspace(q, kb, n, scores.device)
+    pr = st.ranked_play(q, kb, None, play)
+    wb = kb + pr
+    wk, wv, wo, cnt, pl = radix.winner_workspace(q, wb, n, scores.device)
     grid = (q, -(-n // ca))
-    fin = dict(HB=st.HIST_BITS, ZS=st._ZS, KB=kb, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1])
+    fin = dict(HB=st.HIST_BITS, ZS=st._ZS, KB=wb, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], PR=pr)
     st._hist_kernel[grid](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=st.HIST_BITS, ZS=st._ZS,
                           num_warps=nw_a)
     if stop == 1:
@@ -46,7 +48,8 @@ def staged_prefix(scores, ids, k, stop: int):
     if stop >= 4:
         out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
         out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
-        return radix.order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm)
+        return radix.order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm,
+                                   used=(z[:, st._ZS - 1], st._ZS) if pr else None)
     return z
 
 
@@ -55,7 +58,8 @@ OPTIONS = {
     + [dict(path="staged", staged=dict(fin_warps=4)), dict(path="staged", staged=dict(radix_bits=5)),
        dict(path="staged", staged=dict(radix_bits=6)), dict(path="staged", staged=dict(fin_resident=1024)),
        dict(path="staged", staged=dict(rank_rows=8)), dict(path="staged", staged=dict(rank_rows=32)),
-       dict(path="staged", staged=dict(rank_rows=64))],
+       dict(path="staged", staged=dict(rank_rows=64)), dict(path="staged", staged=dict(rank_play=0)),
+       dict(path="staged", staged=dict(rank_play=4096)), dict(path="staged", staged=dict(rank_play=8192))],
     (8, 16384): [dict(path="staged", staged=dict(ca=c)) for c in (256, 1024)]
     + [dict(path="staged", staged=dict(rank_rows=32)), dict(path="staged", order="sort")],
     (64, 16384): [dict(path="row", num_warps=8), dict(path="row", radix_bits=4), dict(path="row", radix_bits=6),
@@ -63,7 +67,8 @@ OPTIONS = {
     (1024, 16384): [dict(path="row", num_warps=8), dict(path="row", radix_bits=6)],
     (1, 131072): [dict(path="staged", staged=dict(fin_warps=16)), dict(path="staged", staged=dict(fin_chunk=4096)),
                   dict(path="staged", staged=dict(fin_warps=16, fin_chunk=4096)),
-                  dict(path="staged", staged=dict(fin_warps=32, fin_chunk=8192))],
+                  dict(path="staged", staged=dict(fin_warps=32, fin_chunk=8192)),
+                  dict(path="staged", staged=dict(rank_play=0)), dict(path="staged", staged=dict(rank_play=4096))],
 }
 
 
@@ -75,13 +80,13 @@ def main(argv=None) -> int:
     k = a.k
     recs = []
     for pattern in ("random", "ties"):
-        for q in (1, 8):
+        for q, play in ((1, None), (1, 0), (8, None)):  # play 0: the finish picks the cutoff bin's winners
             sets = [make_inputs(q, 16384, pattern, seed=i) for i in range(3)]
             prev = 0.0
             for stop, name in enumerate(("memset", "+hist", "+compact", "+finish", "+order")):
-                ms = time_graph(lambda s, i: staged_prefix(s, i, k, stop), sets, 10, 10)
+                ms = time_graph(lambda s, i: staged_prefix(s, i, k, stop, play), sets, 10, 10)
                 recs.append(dict(kind="prefix", pattern=pattern, q=q, n=16384, stage=name, graph_ms=ms,
-                                 stage_ms=ms - prev))
+                                 stage_ms=ms - prev, rank_play=play))
                 prev = ms
                 print(json.dumps(recs[-1]), flush=True)
     for (q, n), opts in OPTIONS.items():
@@ -102,7 +107,8 @@ def main(argv=None) -> int:
     print("\nstage costs (graph replay ms):")
     for r in recs:
         if r["kind"] == "prefix":
-            print(f"{r['pattern']:7} Q={r['q']:<5} {r['stage']:9} total {r['graph_ms']:.4f}  stage {r['stage_ms']:.4f}")
+            print(f"{r['pattern']:7} Q={r['q']:<5} play={r['rank_play']} {r['stage']:9} total {r['graph_ms']:.4f}  "
+                  f"stage {r['stage_ms']:.4f}")
     print("\noptions (graph replay ms):")
     for r in recs:
         if r["kind"] == "option":

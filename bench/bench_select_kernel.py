@@ -40,6 +40,7 @@ GRIDS = {
     # (pattern, N, Q) cells: Q sweep at N = 16384, N sweep at a few Q
     "full": [(n, q) for q in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) for n in (16384,)]
     + [(n, q) for n in (8192, 32768, 65536, 131072) for q in (1, 8, 64, 256, 1024)],
+    "staged": [(n, q) for n in (8192, 16384, 32768, 65536, 131072) for q in (1, 2, 4)],  # with --variants
     "small": [(16384, q) for q in (1, 8, 64, 256, 1024)] + [(n, q) for n in (32768, 131072) for q in (1, 64)],
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
@@ -106,6 +107,9 @@ def variants(q: int, n: int) -> dict:
                  staged_sort=dict(path="staged", order="sort"), row_rank=dict(path="row", order="rank"))
     if q <= 8:
         v["staged_unfused"] = dict(path="staged", staged=dict(fuse=False))
+    if q <= 4:  # the cutoff bin picked by the finish, or (up to 2 KB candidates) ranked by the rank kernel
+        v.update(staged_finish=dict(path="staged", staged=dict(rank_play=0)),
+                 staged_play2kb=dict(path="staged", staged=dict(rank_play=4096)))
     if q >= 64:  # row kernel tiles: registers with 8 warps, or chunks re-read with 4 / 8 warps
         v.update(row_w8=dict(num_warps=8), row_w32=dict(num_warps=32), row_c4=dict(resident=False, num_warps=4, chunk=1024),
                  row_c8=dict(resident=False, num_warps=8, chunk=2048))
@@ -135,6 +139,8 @@ def bench(args) -> list[dict]:
             methods = {"kernel": lambda s, i: sk.triton_ordered_select(s, i, k)}
             if args.variants:
                 for name, kw in variants(q, n).items():
+                    if args.only and name not in args.only.split(","):
+                        continue
                     methods[name] = lambda s, i, kw=kw: sk.triton_ordered_select(s, i, k, **kw)
             methods["torch_path"] = lambda s, i: torch_ordered_select(s, i, k)
             methods["topk_fp32"] = lambda s, i: torch.topk(s, k, dim=1)
@@ -285,6 +291,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--variants", action="store_true", help="also time both paths and their options")
+    ap.add_argument("--only", default="", help="with --variants: only these (comma-separated names)")
     ap.add_argument("--cold", action="store_true", help="also measure cold compile seconds (fresh processes)")
     ap.add_argument("--no-bench", action="store_true", help="only --cold")
     ap.add_argument("--capacities", default="1,2,4,8,16,32,64,128,256,512,1024,2048,4096")

@@ -148,35 +148,39 @@ def put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o):
 
 # --------------------------------------------------------------------------- ordering
 @generic_jit
-def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
-                 KB: tl.constexpr, SL: tl.constexpr, JB: tl.constexpr):
-    # grid (Q, KB / SL): every program takes SL winners and counts, for each, the winners
-    # before it (a larger packed key, or an equal key at an earlier position): its output slot
+def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, uc_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
+                 KB: tl.constexpr, SL: tl.constexpr, JB: tl.constexpr, UCS: tl.constexpr):
+    # grid (Q, KB / SL): every program takes SL entries of W and counts, for each, the entries
+    # before it (a larger packed key, or an equal key at an earlier position): its output slot.
+    # A row's W holds uc_ptr[row * UCS] entries: its nsel winners (cnt_ptr), or (the staged
+    # path, a cutoff bin of at most PR candidates) the winners above the cutoff bin and the
+    # whole bin, of which the first nsel in this order win.
     row = tl.program_id(0).to(tl.int64)
     nsel = tl.load(cnt_ptr + row)
+    nu = tl.load(uc_ptr + row * UCS)
     j = tl.program_id(1) * SL + tl.arange(0, SL)
-    live = j < nsel
+    live = j < nu
     wk_row = wk_ptr + row * KB
     wo_row = wo_ptr + row * KB
     key = tl.load(wk_row + j, mask=live, other=-1)
     o = tl.load(wo_row + j, mask=live, other=0)
     val = tl.load(wv_ptr + row * KB + j, mask=live, other=-8388608)
     acc = tl.zeros([SL, JB], dtype=tl.int32)  # one reduction at the end, not one a step
-    if tl.program_id(1) * SL < nsel:
-        for j0 in range(0, nsel, JB):
+    if tl.program_id(1) * SL < nu:
+        for j0 in range(0, nu, JB):
             jj = j0 + tl.arange(0, JB)
-            mm = jj < nsel
+            mm = jj < nu
             kj = tl.load(wk_row + jj, mask=mm, other=-1)
             oj = tl.load(wo_row + jj, mask=mm, other=0)
             before = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None]) & (oj[None, :] < o[:, None]))
             acc += (before & mm[None, :]).to(tl.int32)
     rank = tl.sum(acc, 1)
-    pos = tl.where(live, rank, j)  # winners to their rank; the slots past them get pads
-    out_id = tl.where(live, key_id(key), -1).to(tl.int32)
-    out_sc = tl.where(live, val, -8388608).to(tl.float32, bitcast=True)
-    mk = pos < K
-    tl.store(oid_ptr + row * s_oi + pos, out_id, mask=mk)
-    tl.store(osc_ptr + row * s_os + pos, out_sc, mask=mk)
+    win = live & (rank < nsel)  # winners to their rank
+    tl.store(oid_ptr + row * s_oi + rank, key_id(key).to(tl.int32), mask=win)
+    tl.store(osc_ptr + row * s_os + rank, val.to(tl.float32, bitcast=True), mask=win)
+    pad = (j >= nsel) & (j < K)  # the slots past them get pads
+    tl.store(oid_ptr + row * s_oi + j, tl.full([SL], -1, tl.int32), mask=pad)
+    tl.store(osc_ptr + row * s_os + j, tl.full([SL], float("-inf"), tl.float32), mask=pad)
 
 
 @triton.jit
@@ -362,13 +366,15 @@ def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor,
 
 
 def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, order: str | None = None,
-                  rank_rows: int | None = None):
+                  rank_rows: int | None = None, used=None):
     """Write the ordered winners of W to ``out_ids``/``out_sc`` ``[Q, k]``, pads past them.
 
     ``order``: ``"rank"`` (rank kernel; default up to ``RANK_MAX_ROWS`` rows: its work grows as
     ``Q k^2``), ``"bucket"`` (one program a row, ``order_row``; the default beyond) or
     ``"sort"`` (``torch.sort`` of the keys, then a decode that puts runs of equal keys in
-    position order). Only W's first ``cnt`` slots of a row hold winners.
+    position order). Only W's first ``cnt`` slots of a row hold winners; ``used`` (the rank
+    ordering only): ``(counts, row stride)`` of the entries of W to rank where a row holds more
+    than its winners (the staged path's ranked cutoff bin). ``kb``: W's row stride.
     """
     from .select_staged import RANK_MAX_ROWS, rank_tile
 
@@ -378,10 +384,14 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     if order == "rank":
         sl, jb = rank_tile(q, kb, n_sm)
         if rank_rows is not None:
-            sl = min(int(rank_rows), kb)
-            jb = max(16, min(kb, 8192 // sl))
-        _rank_kernel[(q, kb // sl)](wk, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
-                                    KB=kb, SL=sl, JB=jb, num_warps=4)
+            kp = 1 << max(0, (kb - 1).bit_length())
+            sl = min(int(rank_rows), kp)
+            jb = max(16, min(kp, 8192 // sl))
+        uc, ucs = (cnt, 1) if used is None else used
+        _rank_kernel[(q, -(-kb // sl))](wk, wv, wo, cnt, uc, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+                                        KB=kb, SL=sl, JB=jb, UCS=int(ucs), num_warps=4)
+    elif used is not None:
+        raise ValueError("used (entries beyond the winners) needs the rank ordering")
     elif order == "sort":
         keys = wk.view(q, kb)  # slots past a row's winners: key -1, so they sort last
         keys.masked_fill_(torch.arange(kb, device=wk.device) >= cnt.view(q, 1), -1)

@@ -51,7 +51,7 @@ except Exception:  # pragma: no cover - depends on the machine
     tl = None
     _HAVE_TRITON = False
 
-__all__ = ["staged_select", "plan", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
+__all__ = ["staged_select", "plan", "ranked_play", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
 
 HIST_BITS = 12  # width of the first digit: 4096 bins of the global histogram
 _ZS = (1 << HIST_BITS) + 4  # row stride of the zeroed workspace: histogram, winner count, in-play count
@@ -66,8 +66,22 @@ def next_pow2(x: int) -> int:
 
 def rank_tile(q: int, kb: int, n_sm: int) -> tuple[int, int]:
     """(rows, cols) of the rank kernel's tile of key comparisons for Q rows of KB winners."""
+    kb = next_pow2(kb)  # (W's row: KB winners, and the cutoff bin the rank kernel ranks)
     rows = min(256, max(8, next_pow2(-(-q * kb // (8 * n_sm)))), kb)  # H200, 1 row: 8 rows a tile beat 16
     return rows, max(16, min(kb, 8192 // rows))
+
+
+def ranked_play(q: int, kb: int, order=None, rank_play=None) -> int:
+    """In-play candidates the rank kernel ranks itself (the finish skips such a row): ``KB``
+    where the rank kernel orders (``order`` "rank", or None and ``Q <= RANK_MAX_ROWS``), else
+    0; ``rank_play`` (0 or a power of two, rank ordering only) overrides."""
+    ranks = order == "rank" or (order is None and q <= RANK_MAX_ROWS)
+    if rank_play is None:
+        return kb if ranks else 0
+    pr = int(rank_play)
+    if pr < 0 or (pr and (not ranks or pr & (pr - 1))):
+        raise ValueError(f"rank_play must be 0 or a power of two, with the rank ordering; got {rank_play}")
+    return pr
 
 
 def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None) -> tuple:
@@ -114,11 +128,16 @@ if _HAVE_TRITON:
     def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
                         CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr,
                         FUSED: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr,
-                        FR2: tl.constexpr):
+                        FR2: tl.constexpr, PR: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
         nsel, dstar, above, m = _cutoff(z_row, K, HB)
         need = nsel - above
+        # the rank kernel ranks up to PR in-play candidates itself: no finish for this row
+        ranked = (need < m) & (m <= PR)
+        if tl.program_id(1) == 0:  # what the ordering reads: winners wanted, entries of W to rank
+            tl.store(cnt_ptr + row, nsel)
+            tl.store(z_row + ZS - 1, tl.where(ranked, above + m, nsel))
         o = tl.program_id(1) * CA + tl.arange(0, CA)
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
@@ -138,39 +157,46 @@ if _HAVE_TRITON:
         npl = tl.sum(pi, 0)
         if npl > 0:
             pbase = tl.atomic_add(z_row + (1 << HB) + 1, npl, sem="relaxed")
-            tl.store(p_ptr + row * N + pbase + tl.cumsum(pi, 0) - 1, o, mask=play)
+            if ranked:  # whole records after the winners above the cutoff bin
+                put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB,
+                            above + pbase + tl.cumsum(pi, 0) - 1, play, s, 2147483647 - tl.maximum(i, 0), b, o)
+            else:
+                tl.store(p_ptr + row * N + pbase + tl.cumsum(pi, 0) - 1, o, mask=play)
         if FUSED:
-            # the last program of the row to get here finishes it: a CTA barrier, then one
-            # gpu-scope acq_rel ticket (the cooperative-groups grid-sync pattern) makes every
-            # program's P and W writes visible to it; nobody waits, so nothing can hang
-            tl.debug_barrier()
-            ticket = tl.atomic_add(z_row + (1 << HB) + 2, 1, sem="acq_rel", scope="gpu")
-            if ticket == tl.num_programs(1) - 1:
-                # the cutoff scan above holds for the whole row: the finish reuses it
-                finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
-                           nsel, above, m, KB, D, CH, FR1, FR2)
+            if (need >= m) | (m > PR):  # (ranked: nothing to finish)
+                # the last program of the row to get here finishes it: a CTA barrier, then one
+                # gpu-scope acq_rel ticket (the cooperative-groups grid-sync pattern) makes every
+                # program's P and W writes visible to it; nobody waits, so nothing can hang
+                tl.debug_barrier()
+                ticket = tl.atomic_add(z_row + (1 << HB) + 2, 1, sem="acq_rel", scope="gpu")
+                if ticket == tl.num_programs(1) - 1:
+                    # the cutoff scan above holds for the whole row: the finish reuses it
+                    finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
+                               nsel, above, m, KB, D, CH, FR1, FR2)
 
     @generic_jit
     def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
                        HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                       FR1: tl.constexpr, FR2: tl.constexpr):
+                       FR1: tl.constexpr, FR2: tl.constexpr, PR: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
-        finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-                   KB, D, CH, FR1, FR2)
-
+        if (nsel - above >= m) | (m > PR):  # (else the rank kernel ranks the in-play list)
+            finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+                       KB, D, CH, FR1, FR2)
 
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
                   n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
-                  order=None, fuse=None, radix_bits: int = 5):
+                  order=None, fuse=None, radix_bits: int = 5, rank_play=None):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
     ``scores`` and int32 ``ids`` ``[Q, N]`` with unit stride along N, ``Q >= 1``. Tuning
     options (defaults: ``plan``): ``ca``, ``fuse``; the finish's ``fin_chunk``
     (candidates of ``P`` a step), ``fin_warps``, ``fin_resident`` (its largest register tier),
-    ``radix_bits``; ``order`` and ``rank_rows``: ``radix.order_winners``.
+    ``radix_bits``; ``order`` and ``rank_rows``: ``radix.order_winners``; ``rank_play``: up
+    to this many in-play candidates the rank kernel ranks itself, with no finish (0: never;
+    default ``KB`` where the rank kernel orders, else 0).
     """
     from .radix import order_winners, winner_workspace
 
@@ -187,13 +213,15 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
         raise ValueError(f"fin_resident must be a power of two >= 16, got {fr2}")
     fr1 = min(FIN_TIERS[0], fr2)
     ca, fuse, fw = plan(q, n, kb, n_sm, ca, fuse, fin_warps)
+    pr = ranked_play(q, kb, order, rank_play)
+    wb = kb + pr  # W's row: the winners above the cutoff bin, then (ranked) the whole cutoff bin
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)
     dev = scores.device
     z = torch.zeros((q, _ZS), dtype=torch.int32, device=dev)
-    wk, wv, wo, cnt, pl = winner_workspace(q, kb, n, dev)
+    wk, wv, wo, cnt, pl = winner_workspace(q, wb, n, dev)
     grid_a = (q, -(-n // ca))
-    fin = dict(HB=HIST_BITS, ZS=_ZS, KB=kb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2)
+    fin = dict(HB=HIST_BITS, ZS=_ZS, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2, PR=pr)
     _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=_ZS,
                          num_warps=nw_a)
     _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
@@ -201,4 +229,5 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     if not fuse:
         _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
                              num_warps=fw, **fin)
-    return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, rank_rows)
+    used = (z[:, _ZS - 1], _ZS) if pr else None  # (else every row holds just its winners)
+    return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, order, rank_rows, used=used)
