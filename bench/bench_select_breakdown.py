@@ -27,29 +27,32 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
     kb = max(2, st.next_pow2(k))
     n_sm = sk._num_sms(0)
     ca, fuse, fw = st.plan(q, n, kb, n_sm)
+    binned, pr = st.rank_layout(q, kb, None, play)
+    wb = kb + max(pr, st.play_cap(kb)) if binned else kb
+    nb = 1 << st.HIST_BITS
+    zs = (3 * nb if binned else nb) + radix.ZCTRS.value
     nw_a = max(1, min(8, ca // 256))
-    z = torch.zeros((q, st._ZS), dtype=torch.int32, device=scores.device)
+    z = torch.zeros((q, zs), dtype=torch.int32, device=scores.device)
     if stop == 0:
         return z
-    pr = st.ranked_play(q, kb, None, play)
-    wb = kb + pr
     wk, wv, wo, cnt, pl = radix.winner_workspace(q, wb, n, scores.device)
     grid = (q, -(-n // ca))
-    fin = dict(HB=st.HIST_BITS, ZS=st._ZS, KB=wb, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], PR=pr)
-    st._hist_kernel[grid](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=st.HIST_BITS, ZS=st._ZS,
+    fin = dict(HB=st.HIST_BITS, ZS=zs, KB=wb, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1])
+    st._hist_kernel[grid](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=st.HIST_BITS, ZS=zs,
                           num_warps=nw_a)
     if stop == 1:
         return z
-    st._compact_kernel[grid](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
-                             CA=ca, FUSED=fuse, num_warps=fw if fuse else nw_a, **fin)
+    st._compact_kernel[grid](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
+                             CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin)
     if stop >= 3 and not fuse:
-        st._finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
+        st._finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                                 num_warps=fw, **fin)
     if stop >= 4:
         out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
         out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
-        return radix.order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm,
-                                   used=(z[:, st._ZS - 1], st._ZS) if pr else None)
+        return radix.order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, None, st.rank_tile(q, kb, n_sm, binned),
+                                   binned=(z, zs, nb) if binned else None,
+                                   span=max(k, min(kb + pr, n)) if binned else kb)
     return z
 
 
@@ -59,7 +62,8 @@ OPTIONS = {
        dict(path="staged", staged=dict(radix_bits=6)), dict(path="staged", staged=dict(fin_resident=1024)),
        dict(path="staged", staged=dict(rank_rows=8)), dict(path="staged", staged=dict(rank_rows=32)),
        dict(path="staged", staged=dict(rank_rows=64)), dict(path="staged", staged=dict(rank_play=0)),
-       dict(path="staged", staged=dict(rank_play=4096)), dict(path="staged", staged=dict(rank_play=8192))],
+       dict(path="staged", staged=dict(rank_play=2048)), dict(path="staged", staged=dict(rank_play=8192)),
+       dict(path="staged", staged=dict(rank_cols=128)), dict(path="staged", staged=dict(rank_cols=1024))],
     (8, 16384): [dict(path="staged", staged=dict(ca=c)) for c in (256, 1024)]
     + [dict(path="staged", staged=dict(rank_rows=32)), dict(path="staged", order="sort")],
     (64, 16384): [dict(path="row", num_warps=8), dict(path="row", radix_bits=4), dict(path="row", radix_bits=6),
@@ -68,7 +72,7 @@ OPTIONS = {
     (1, 131072): [dict(path="staged", staged=dict(fin_warps=16)), dict(path="staged", staged=dict(fin_chunk=4096)),
                   dict(path="staged", staged=dict(fin_warps=16, fin_chunk=4096)),
                   dict(path="staged", staged=dict(fin_warps=32, fin_chunk=8192)),
-                  dict(path="staged", staged=dict(rank_play=0)), dict(path="staged", staged=dict(rank_play=4096))],
+                  dict(path="staged", staged=dict(rank_play=0)), dict(path="staged", staged=dict(rank_play=8192))],
 }
 
 

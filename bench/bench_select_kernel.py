@@ -107,9 +107,14 @@ def variants(q: int, n: int) -> dict:
                  staged_sort=dict(path="staged", order="sort"), row_rank=dict(path="row", order="rank"))
     if q <= 8:
         v["staged_unfused"] = dict(path="staged", staged=dict(fuse=False))
-    if q <= 4:  # the cutoff bin picked by the finish, or (up to 2 KB candidates) ranked by the rank kernel
+    if q <= 4:  # the cutoff bin picked by the finish, or (up to rank_play candidates) ranked whole;
+        # the binned rank kernel's steps (rank_cols)
         v.update(staged_finish=dict(path="staged", staged=dict(rank_play=0)),
-                 staged_play2kb=dict(path="staged", staged=dict(rank_play=4096)))
+                 staged_play2k=dict(path="staged", staged=dict(rank_play=2048)),
+                 staged_play8k=dict(path="staged", staged=dict(rank_play=8192)),
+                 staged_cols128=dict(path="staged", staged=dict(rank_cols=128)),
+                 staged_cols1024=dict(path="staged", staged=dict(rank_cols=1024)),
+                 staged_rows16=dict(path="staged", staged=dict(rank_rows=16)))
     if q >= 64:  # row kernel tiles: registers with 8 warps, or chunks re-read with 4 / 8 warps
         v.update(row_w8=dict(num_warps=8), row_w32=dict(num_warps=32), row_c4=dict(resident=False, num_warps=4, chunk=1024),
                  row_c8=dict(resident=False, num_warps=8, chunk=2048))
@@ -219,7 +224,7 @@ def _fresh_run(code: str, argv: list[str]) -> dict:
 def cold(args) -> dict:
     """Per shape: a process with an empty Triton cache, then a second process on the cache the
     first one filled (a server restart: kernels loaded from disk, nothing compiled)."""
-    shapes = [(1, 16384), (4, 16384), (64, 16384), (1024, 16384), (1, 131072), (64, 131072)]
+    shapes = [tuple(int(x) for x in c.split("x")) for c in args.cold_shapes.split(",")]
     per = []
     for q, n in shapes:
         with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:
@@ -294,6 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="with --variants: only these (comma-separated names)")
     ap.add_argument("--cold", action="store_true", help="also measure cold compile seconds (fresh processes)")
     ap.add_argument("--no-bench", action="store_true", help="only --cold")
+    ap.add_argument("--cold-shapes", default="1x16384,4x16384,64x16384,1024x16384,1x131072,64x131072",
+                    help="--cold: QxN shapes, each in fresh processes")
     ap.add_argument("--capacities", default="1,2,4,8,16,32,64,128,256,512,1024,2048,4096")
     args = ap.parse_args(argv)
     from tpflare.ops import select_kernel as sk

@@ -25,7 +25,7 @@ import triton.language as tl
 
 # the integer arguments of every kernel that Triton must not specialise (a value divisible by
 # 16 or equal to 1 would otherwise compile another copy of the kernel for each new shape)
-RUNTIME_INTS = ("N", "K", "s_sq", "s_iq", "s_oi", "s_os")
+RUNTIME_INTS = ("N", "K", "s_sq", "s_iq", "s_oi", "s_os", "play_max")
 
 
 def generic_jit(fn):
@@ -147,34 +147,62 @@ def put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o):
 
 
 # --------------------------------------------------------------------------- ordering
+# The staged path's zeroed workspace row (select_staged, int32): the histogram of the first
+# digit [0, NB); counters [NB, NB + ZCTRS): W slots, P slots, the ticket, W entries to rank,
+# winners above the cutoff bin; the bins' slot counters [NB + ZCTRS, 2 NB + ZCTRS) and the
+# bins' first W slots [2 NB + ZCTRS, 3 NB + ZCTRS) (the binned W of the rank ordering).
+ZCTRS = tl.constexpr(8)
+Z_USED = tl.constexpr(3)
+Z_ABOVE = tl.constexpr(4)
+
+
 @generic_jit
-def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, uc_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
-                 KB: tl.constexpr, SL: tl.constexpr, JB: tl.constexpr, UCS: tl.constexpr):
+def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
+                 KB: tl.constexpr, SL: tl.constexpr, JB: tl.constexpr, BINNED: tl.constexpr,
+                 ZS: tl.constexpr, NB: tl.constexpr):
     # grid (Q, KB / SL): every program takes SL entries of W and counts, for each, the entries
     # before it (a larger packed key, or an equal key at an earlier position): its output slot.
-    # A row's W holds uc_ptr[row * UCS] entries: its nsel winners (cnt_ptr), or (the staged
-    # path, a cutoff bin of at most PR candidates) the winners above the cutoff bin and the
-    # whole bin, of which the first nsel in this order win.
+    # Not BINNED: W holds a row's nsel winners (cnt_ptr) in any order, and each is compared
+    # with all. BINNED (the staged path, z_ptr its workspace): W is sorted by the first digit:
+    # the winners above the cutoff bin at their bin's slots (the bin's first slot, from z),
+    # then the cutoff bin's entries in slots [above, used): the winners the finish picked, or
+    # the whole bin (at most rank_play candidates, of which the first nsel - above win). An
+    # entry is compared only with its own bin: entries of the bins above all come before it.
     row = tl.program_id(0).to(tl.int64)
     nsel = tl.load(cnt_ptr + row)
-    nu = tl.load(uc_ptr + row * UCS)
     j = tl.program_id(1) * SL + tl.arange(0, SL)
-    live = j < nu
     wk_row = wk_ptr + row * KB
     wo_row = wo_ptr + row * KB
+    if BINNED:
+        z_row = z_ptr + row * ZS
+        nu = tl.load(z_row + NB + Z_USED)
+        above = tl.load(z_row + NB + Z_ABOVE)
+    else:
+        nu = nsel
+        above = nsel * 0
+    live = j < nu
     key = tl.load(wk_row + j, mask=live, other=-1)
     o = tl.load(wo_row + j, mask=live, other=0)
     val = tl.load(wv_ptr + row * KB + j, mask=live, other=-8388608)
+    if BINNED:
+        d = ((key >> 51) & (NB - 1)).to(tl.int32)  # the first digit (the packed key's top bits)
+        hb = live & (j < above)
+        lo = tl.where(hb, tl.load(z_row + 2 * NB + ZCTRS + d, mask=hb, other=0), above)
+        hi = tl.where(hb, lo + tl.load(z_row + d, mask=hb, other=0), nu)
+    else:
+        lo = j * 0
+        hi = lo + nu
+    j_lo = tl.min(tl.where(live, lo, 2147483647), 0)
+    j_hi = tl.max(tl.where(live, hi, 0), 0)
     acc = tl.zeros([SL, JB], dtype=tl.int32)  # one reduction at the end, not one a step
-    if tl.program_id(1) * SL < nu:
-        for j0 in range(0, nu, JB):
-            jj = j0 + tl.arange(0, JB)
-            mm = jj < nu
-            kj = tl.load(wk_row + jj, mask=mm, other=-1)
-            oj = tl.load(wo_row + jj, mask=mm, other=0)
-            before = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None]) & (oj[None, :] < o[:, None]))
-            acc += (before & mm[None, :]).to(tl.int32)
-    rank = tl.sum(acc, 1)
+    for j0 in range(j_lo, j_hi, JB):
+        jj = j0 + tl.arange(0, JB)
+        mm = jj < j_hi
+        kj = tl.load(wk_row + jj, mask=mm, other=-1)
+        oj = tl.load(wo_row + jj, mask=mm, other=0)
+        before = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None]) & (oj[None, :] < o[:, None]))
+        acc += (before & (jj[None, :] >= lo[:, None]) & (jj[None, :] < hi[:, None])).to(tl.int32)
+    rank = lo + tl.sum(acc, 1)
     win = live & (rank < nsel)  # winners to their rank
     tl.store(oid_ptr + row * s_oi + rank, key_id(key).to(tl.int32), mask=win)
     tl.store(osc_ptr + row * s_os + rank, val.to(tl.float32, bitcast=True), mask=win)
@@ -366,15 +394,17 @@ def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor,
 
 
 def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, order: str | None = None,
-                  rank_rows: int | None = None, used=None):
+                  tile: tuple[int, int] | None = None, binned=None, span: int | None = None):
     """Write the ordered winners of W to ``out_ids``/``out_sc`` ``[Q, k]``, pads past them.
 
     ``order``: ``"rank"`` (rank kernel; default up to ``RANK_MAX_ROWS`` rows: its work grows as
-    ``Q k^2``), ``"bucket"`` (one program a row, ``order_row``; the default beyond) or
-    ``"sort"`` (``torch.sort`` of the keys, then a decode that puts runs of equal keys in
-    position order). Only W's first ``cnt`` slots of a row hold winners; ``used`` (the rank
-    ordering only): ``(counts, row stride)`` of the entries of W to rank where a row holds more
-    than its winners (the staged path's ranked cutoff bin). ``kb``: W's row stride.
+    ``Q k^2``; ``tile``: its (rows, cols), default ``select_staged.rank_tile``), ``"bucket"``
+    (one program a row, ``order_row``; the default beyond) or ``"sort"`` (``torch.sort`` of
+    the keys, then a decode that puts runs of equal keys in position order). Only W's first
+    ``cnt`` slots of a row hold winners, or (``binned``: the staged path's workspace ``z``, its
+    row stride and bins, the rank ordering only) W is sorted by the first digit and may hold a
+    whole cutoff bin (``_rank_kernel``). ``kb``: W's row stride; ``span``: the slots of a row
+    the rank kernel covers (default ``kb``: at least its entries and ``k``).
     """
     from .select_staged import RANK_MAX_ROWS, rank_tile
 
@@ -382,16 +412,13 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     if order is None:
         order = "rank" if q <= RANK_MAX_ROWS else "bucket"
     if order == "rank":
-        sl, jb = rank_tile(q, kb, n_sm)
-        if rank_rows is not None:
-            kp = 1 << max(0, (kb - 1).bit_length())
-            sl = min(int(rank_rows), kp)
-            jb = max(16, min(kp, 8192 // sl))
-        uc, ucs = (cnt, 1) if used is None else used
-        _rank_kernel[(q, -(-kb // sl))](wk, wv, wo, cnt, uc, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
-                                        KB=kb, SL=sl, JB=jb, UCS=int(ucs), num_warps=4)
-    elif used is not None:
-        raise ValueError("used (entries beyond the winners) needs the rank ordering")
+        sl, jb = rank_tile(q, kb, n_sm, binned is not None) if tile is None else tile
+        z, zs, nb = (cnt, 1, 1) if binned is None else binned
+        _rank_kernel[(q, -(-(kb if span is None else span) // sl))](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+                                        KB=kb, SL=sl, JB=jb, BINNED=binned is not None, ZS=int(zs), NB=int(nb),
+                                        num_warps=4)
+    elif binned is not None:
+        raise ValueError("a binned W needs the rank ordering")
     elif order == "sort":
         keys = wk.view(q, kb)  # slots past a row's winners: key -1, so they sort last
         keys.masked_fill_(torch.arange(kb, device=wk.device) >= cnt.view(q, 1), -1)

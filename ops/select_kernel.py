@@ -303,7 +303,7 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     if path == "row":  # the row kernel orders its own winners
         return (path, kb, "bucket") + row_config(n, q)
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
-    tile = select_staged.rank_tile(q, kb + select_staged.ranked_play(q, kb), n_sm) if order == "rank" else ()
+    tile = select_staged.rank_tile(q, kb, n_sm, True) if order == "rank" else ()
     return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm)
 
 

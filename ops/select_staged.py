@@ -51,37 +51,50 @@ except Exception:  # pragma: no cover - depends on the machine
     tl = None
     _HAVE_TRITON = False
 
-__all__ = ["staged_select", "plan", "ranked_play", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
+__all__ = ["staged_select", "plan", "rank_layout", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
 
 HIST_BITS = 12  # width of the first digit: 4096 bins of the global histogram
-_ZS = (1 << HIST_BITS) + 4  # row stride of the zeroed workspace: histogram, winner count, in-play count
 RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners (radix.order_winners)
 FUSE_MAX_ROWS = 3  # up to this many rows the last compact program finishes the row (no finish kernel)
 FIN_TIERS = (1024, 4096)  # in-play candidates the finish holds in registers (the smaller that holds P)
+# a cutoff bin of up to this many candidates the rank kernel ranks whole at one row (no finish;
+# rank_layout). H200, N = 16384, a fifth of the row tied: ranking 4096 beat the finish at one
+# row, 2048 at two, neither at four (docs/benchmarks_select_kernel.md)
+RANK_PLAY = 4096
 
 
 def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def rank_tile(q: int, kb: int, n_sm: int) -> tuple[int, int]:
-    """(rows, cols) of the rank kernel's tile of key comparisons for Q rows of KB winners."""
+def rank_tile(q: int, kb: int, n_sm: int, binned: bool = False) -> tuple[int, int]:
+    """(rows, cols) of the rank kernel's tile of key comparisons for Q rows of KB entries of W
+    (binned: each compared with its own bin only, a shorter range)."""
     kb = next_pow2(kb)  # (W's row: KB winners, and the cutoff bin the rank kernel ranks)
     rows = min(256, max(8, next_pow2(-(-q * kb // (8 * n_sm)))), kb)  # H200, 1 row: 8 rows a tile beat 16
-    return rows, max(16, min(kb, 8192 // rows))
+    return rows, max(16, min(kb, (2048 if binned else 8192) // rows))
 
 
-def ranked_play(q: int, kb: int, order=None, rank_play=None) -> int:
-    """In-play candidates the rank kernel ranks itself (the finish skips such a row): ``KB``
-    where the rank kernel orders (``order`` "rank", or None and ``Q <= RANK_MAX_ROWS``), else
-    0; ``rank_play`` (0 or a power of two, rank ordering only) overrides."""
-    ranks = order == "rank" or (order is None and q <= RANK_MAX_ROWS)
+def play_cap(kb: int) -> int:
+    """The largest cutoff bin ranked whole by default for KB winners: ``RANK_PLAY``, or ``2 KB``
+    for fewer winners (a bin of many candidates for few winners is the finish's work)."""
+    return min(RANK_PLAY, 2 * kb)
+
+
+def rank_layout(q: int, kb: int, order=None, rank_play=None) -> tuple[bool, int]:
+    """(binned, rank_play) of the staged path. Where the rank kernel orders (``order`` "rank",
+    or None and ``Q <= RANK_MAX_ROWS``) W is sorted by the first digit, each winner ranked in
+    its bin only, and a cutoff bin of up to ``rank_play`` candidates is ranked whole, with no
+    finish: default ``play_cap(KB)`` at one row, halved for two, quartered for 3-4 (ranking a
+    bin costs its size squared, the finish runs the rows side by side); 0: never. Elsewhere
+    neither."""
+    binned = order == "rank" or (order is None and q <= RANK_MAX_ROWS)
     if rank_play is None:
-        return kb if ranks else 0
+        return binned, (play_cap(kb) >> (max(1, int(q)) - 1).bit_length()) if binned else 0
     pr = int(rank_play)
-    if pr < 0 or (pr and (not ranks or pr & (pr - 1))):
+    if pr < 0 or (pr and (not binned or pr & (pr - 1))):
         raise ValueError(f"rank_play must be 0 or a power of two, with the rank ordering; got {rank_play}")
-    return pr
+    return binned, pr
 
 
 def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None) -> tuple:
@@ -104,7 +117,7 @@ def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None)
 
 
 if _HAVE_TRITON:
-    from .radix import generic_jit, load_chunk, pick_digit, put_winners, score_key, top_digit
+    from .radix import ZCTRS, Z_ABOVE, Z_USED, generic_jit, load_chunk, pick_digit, put_winners, score_key, top_digit
     from .select_finish import finish_row
 
     @triton.jit
@@ -114,7 +127,7 @@ if _HAVE_TRITON:
         h = tl.load(z_row + tl.arange(0, 1 << HB))
         nsel = tl.minimum(tl.sum(h, 0), K)
         dstar, above, m = pick_digit(h, nsel, 1 << HB)
-        return nsel, dstar, above, m
+        return h, nsel, dstar, above, m
 
     @generic_jit
     def _hist_kernel(sc_ptr, id_ptr, z_ptr, N, s_sq, s_iq, CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr):
@@ -125,78 +138,90 @@ if _HAVE_TRITON:
         tl.atomic_add(z_ptr + row * ZS + top_digit(s, HB), ones, mask=s != -2147483648, sem="relaxed")
 
     @generic_jit
-    def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
+    def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
                         CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr,
                         FUSED: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr,
-                        FR2: tl.constexpr, PR: tl.constexpr):
+                        FR2: tl.constexpr, BINNED: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
-        nsel, dstar, above, m = _cutoff(z_row, K, HB)
+        NB: tl.constexpr = 1 << HB
+        h, nsel, dstar, above, m = _cutoff(z_row, K, HB)
         need = nsel - above
-        # the rank kernel ranks up to PR in-play candidates itself: no finish for this row
-        ranked = (need < m) & (m <= PR)
-        if tl.program_id(1) == 0:  # what the ordering reads: winners wanted, entries of W to rank
+        # the rank kernel ranks a cutoff bin of up to play_max candidates whole: no finish for the row
+        ranked = (need < m) & (m <= play_max)
+        keep = ranked | (need == m)  # the cutoff bin's candidates go to W whole (else to P)
+        if tl.program_id(1) == 0:  # what the ordering reads: winners, entries of W, winners above
             tl.store(cnt_ptr + row, nsel)
-            tl.store(z_row + ZS - 1, tl.where(ranked, above + m, nsel))
+            tl.store(z_row + NB + Z_USED, tl.where(ranked, above + m, nsel))
+            tl.store(z_row + NB + Z_ABOVE, above)
+            if BINNED:  # every bin's first slot in W: the candidates in the bins above it
+                tl.store(z_row + 2 * NB + ZCTRS + tl.arange(0, NB), tl.cumsum(h, 0, reverse=True) - h)
         o = tl.program_id(1) * CA + tl.arange(0, CA)
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
         d = top_digit(s, HB)
+        v = 2147483647 - tl.maximum(i, 0)
         valid = s != -2147483648
-        # when every candidate of the cutoff bin is needed they are winners, none is in play
-        whole = (d * 0 + (need == m).to(tl.int32)) != 0  # as a tensor: a scalar bool in a mask trips the interpreter
-        win = valid & ((d > dstar) | ((d == dstar) & whole))
-        play = valid & (d == dstar) & (whole == 0)
-        wi = win.to(tl.int32)
-        nw = tl.sum(wi, 0)
-        if nw > 0:
-            base = tl.atomic_add(z_row + (1 << HB), nw, sem="relaxed")
-            put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + tl.cumsum(wi, 0) - 1, win,
-                        s, 2147483647 - tl.maximum(i, 0), b, o)
-        pi = play.to(tl.int32)
-        npl = tl.sum(pi, 0)
+        if BINNED:
+            # winners above the cutoff bin, sorted by bin: the bin's first slot plus a slot in it
+            win = valid & (d > dstar)
+            if tl.sum(win.to(tl.int32), 0) > 0:
+                first = tl.gather(tl.cumsum(h, 0, reverse=True) - h, d, 0)
+                slot = first + tl.atomic_add(z_row + NB + ZCTRS + d, tl.full([CA], 1, tl.int32), mask=win,
+                                             sem="relaxed")
+                put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, slot, win, s, v, b, o)
+        else:  # winners above the cutoff bin in any order: one atomic a program, a prefix sum
+            win = valid & (d > dstar)
+            wi = win.to(tl.int32)
+            nw = tl.sum(wi, 0)
+            if nw > 0:
+                base = tl.atomic_add(z_row + NB, nw, sem="relaxed")
+                put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + tl.cumsum(wi, 0) - 1,
+                            win, s, v, b, o)
+        cut = valid & (d == dstar)
+        ci = cut.to(tl.int32)
+        npl = tl.sum(ci, 0)
         if npl > 0:
-            pbase = tl.atomic_add(z_row + (1 << HB) + 1, npl, sem="relaxed")
-            if ranked:  # whole records after the winners above the cutoff bin
+            pbase = tl.atomic_add(z_row + NB + 1, npl, sem="relaxed")
+            if keep:  # whole records after the winners above the cutoff bin
                 put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB,
-                            above + pbase + tl.cumsum(pi, 0) - 1, play, s, 2147483647 - tl.maximum(i, 0), b, o)
-            else:
-                tl.store(p_ptr + row * N + pbase + tl.cumsum(pi, 0) - 1, o, mask=play)
+                            above + pbase + tl.cumsum(ci, 0) - 1, cut, s, v, b, o)
+            else:  # in play: positions to P
+                tl.store(p_ptr + row * N + pbase + tl.cumsum(ci, 0) - 1, o, mask=cut)
         if FUSED:
-            if (need >= m) | (m > PR):  # (ranked: nothing to finish)
+            if keep == 0:  # (ranked, or the whole bin taken: nothing to finish)
                 # the last program of the row to get here finishes it: a CTA barrier, then one
                 # gpu-scope acq_rel ticket (the cooperative-groups grid-sync pattern) makes every
                 # program's P and W writes visible to it; nobody waits, so nothing can hang
                 tl.debug_barrier()
-                ticket = tl.atomic_add(z_row + (1 << HB) + 2, 1, sem="acq_rel", scope="gpu")
+                ticket = tl.atomic_add(z_row + NB + 2, 1, sem="acq_rel", scope="gpu")
                 if ticket == tl.num_programs(1) - 1:
                     # the cutoff scan above holds for the whole row: the finish reuses it
                     finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
                                nsel, above, m, KB, D, CH, FR1, FR2)
 
     @generic_jit
-    def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq,
+    def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
                        HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                       FR1: tl.constexpr, FR2: tl.constexpr, PR: tl.constexpr):
+                       FR1: tl.constexpr, FR2: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
-        if (nsel - above >= m) | (m > PR):  # (else the rank kernel ranks the in-play list)
+        h, nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
+        if (nsel - above >= m) | (m > play_max):  # (else the rank kernel ranks the cutoff bin whole)
             finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                        KB, D, CH, FR1, FR2)
 
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
                   n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
-                  order=None, fuse=None, radix_bits: int = 5, rank_play=None):
+                  order=None, fuse=None, radix_bits: int = 5, rank_play=None, rank_cols=None):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
     ``scores`` and int32 ``ids`` ``[Q, N]`` with unit stride along N, ``Q >= 1``. Tuning
     options (defaults: ``plan``): ``ca``, ``fuse``; the finish's ``fin_chunk``
     (candidates of ``P`` a step), ``fin_warps``, ``fin_resident`` (its largest register tier),
-    ``radix_bits``; ``order`` and ``rank_rows``: ``radix.order_winners``; ``rank_play``: up
-    to this many in-play candidates the rank kernel ranks itself, with no finish (0: never;
-    default ``KB`` where the rank kernel orders, else 0).
+    ``radix_bits``; ``order``: ``radix.order_winners``; ``rank_rows`` and ``rank_cols``: the
+    rank kernel's tile (default ``rank_tile``); ``rank_play``: ``rank_layout``.
     """
     from .radix import order_winners, winner_workspace
 
@@ -213,21 +238,33 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
         raise ValueError(f"fin_resident must be a power of two >= 16, got {fr2}")
     fr1 = min(FIN_TIERS[0], fr2)
     ca, fuse, fw = plan(q, n, kb, n_sm, ca, fuse, fin_warps)
-    pr = ranked_play(q, kb, order, rank_play)
-    wb = kb + pr  # W's row: the winners above the cutoff bin, then (ranked) the whole cutoff bin
+    binned, pr = rank_layout(q, kb, order, rank_play)
+    # W's row: the winners above the cutoff bin, then (binned) room for a whole cutoff bin; one
+    # stride for every Q (rank_play is a runtime value: one compiled kernel)
+    wb = kb + max(pr, play_cap(kb)) if binned else kb
+    nb = 1 << HIST_BITS
+    zs = (3 * nb if binned else nb) + ZCTRS.value  # the zeroed workspace's row (radix.ZCTRS: its layout)
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)
     dev = scores.device
-    z = torch.zeros((q, _ZS), dtype=torch.int32, device=dev)
+    z = torch.zeros((q, zs), dtype=torch.int32, device=dev)
     wk, wv, wo, cnt, pl = winner_workspace(q, wb, n, dev)
     grid_a = (q, -(-n // ca))
-    fin = dict(HB=HIST_BITS, ZS=_ZS, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2, PR=pr)
-    _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=_ZS,
+    fin = dict(HB=HIST_BITS, ZS=zs, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2)
+    _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs,
                          num_warps=nw_a)
-    _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
-                            CA=ca, FUSED=fuse, num_warps=fw if fuse else nw_a, **fin)
+    _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
+                            CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin)
     if not fuse:
-        _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0),
+        _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                              num_warps=fw, **fin)
-    used = (z[:, _ZS - 1], _ZS) if pr else None  # (else every row holds just its winners)
-    return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, order, rank_rows, used=used)
+    sl, jb = rank_tile(q, kb, n_sm, binned)  # (the rank ordering's tile: from the winners, not W's stride)
+    if rank_rows is not None:
+        sl = min(int(rank_rows), next_pow2(kb))
+        jb = max(16, min(next_pow2(kb), (2048 if binned else 8192) // sl))
+    if rank_cols is not None:
+        jb = int(rank_cols)
+    # the rank kernel's slots: W's entries (at most kb + pr, and at most n) and the k outputs
+    span = max(k, min(kb + pr, n)) if binned else kb
+    return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, order, (sl, jb),
+                         binned=(z, zs, nb) if binned else None, span=span)

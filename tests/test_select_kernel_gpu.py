@@ -186,7 +186,7 @@ SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 
 VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False),
             "staged_finish": dict(staged=dict(rank_play=0)),  # the finish picks every cutoff bin's winners
-            "staged_rank16": dict(staged=dict(rank_play=16)),  # the rank kernel ranks cutoff bins of <= 16
+            "staged_rank16": dict(staged=dict(rank_play=16, rank_cols=16)),  # cutoff bins of <= 16 ranked; short rank steps
             "row_regs": dict(path="row", resident=True),  # the 16384 register tile at N = 6144 (row_config: chunks)
             "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # the tile of rows beyond WIDE_MIN_N
             "row_chunk128": dict(resident=False, chunk=128)}  # chunks narrower than radix.SLOT_COLS
