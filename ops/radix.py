@@ -10,7 +10,8 @@ The digit position ``p`` is a *runtime* value (the radix passes are loops, not u
 copy of a pass's code serves every digit, which keeps compile time to a second or two.
 
 Both paths leave the row's winners unordered in a workspace ``W`` (``[Q, KB]`` packed keys,
-score bits and positions, plus the winner count a row); ``order_row`` (in the row kernel, or
+score bits and positions, plus the winner count a row; the staged path's rank ordering: sorted
+by the first digit, and room for a whole cutoff bin); ``order_row`` (in the row kernel, or
 ``bucket_kernel`` after the staged path) or ``order_winners``'s other orderings order them.
 
 Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).

@@ -14,24 +14,33 @@ run one after another in that program. Here short kernels each spread a row over
    docs/benchmarks_select_kernel.md.)
 2. **compact** ``grid (Q, S)``: every program scans the row's histogram (the same scan in
    every program, no communication) for the cutoff bin ``d*``. Candidates above it are
-   winners: they go to the row's winner list ``W`` (slots from one ``atomic_add`` a program
-   plus a prefix sum: any order). Candidates in ``d*`` are *in play*: their positions go to
-   the row's list ``P``. When every candidate of ``d*`` is needed they are winners directly.
+   winners: they go to the row's winner list ``W``. Where the rank kernel orders (up to
+   ``RANK_MAX_ROWS`` rows) W is *binned*: a winner's slot is its bin's first slot (the
+   candidates in the bins above, from the histogram) plus one ``atomic_add`` on its bin's
+   counter, so W is sorted by the first digit; beyond, slots come from one ``atomic_add`` a
+   program plus a prefix sum (any order). The candidates of ``d*`` go to W whole, after the
+   winners above it, when every one of them is needed, or when ``d*`` holds at most
+   ``rank_play`` of them (``rank_layout``: 4096 at one row, 2048 at two, 1024 at 3-4; the rank
+   kernel then ranks the bin whole and no finish runs for the row); else they are *in play*:
+   their positions go to the row's list ``P``.
 3. **finish** ``grid (Q,)``: one program a row picks the still-needed winners among the ``m``
    candidates of ``P`` (``select_finish.finish_row``, shared with the row kernel: a radix
-   select on the score key, then the id, then the position; random scores: a few hundred
-   candidates at 16384; mass ties: the whole tie group). Up to ``FUSE_MAX_ROWS`` rows there is
-   no finish kernel: the last compact program of a row to finish (a CTA barrier, then one
-   gpu-scope acq_rel ticket, the cooperative-groups grid-sync pattern without the wait) runs it.
-4. **order**: ``radix.order_winners`` (the rank kernel up to ``RANK_MAX_ROWS`` rows, bucket rank
-   beyond).
+   select on the score key, then the id, then the position; mass ties: the whole tie group)
+   and appends them to W. Up to ``FUSE_MAX_ROWS`` rows there is no finish kernel: the last
+   compact program of a row to finish (a CTA barrier, then one gpu-scope acq_rel ticket, the
+   cooperative-groups grid-sync pattern without the wait) runs it.
+4. **order**: ``radix.order_winners``: the rank kernel up to ``RANK_MAX_ROWS`` rows (binned W:
+   each entry counts the entries of its own bin before it; the bins above give the rest),
+   bucket rank beyond.
 
 Compile time: ``N``, ``k`` and the strides are runtime arguments Triton does not specialise,
 the radix passes are runtime loops, and the tile sizes come from a small fixed set (``plan``).
 
-Workspace: one zeroed int32 ``[Q, 4096 + 4]`` (histogram, two slot counters, the ticket) and
-one ``torch.empty`` for ``W``, the winner counts and ``P`` (``[Q, N]`` int32). ``N = 0`` is
-answered on the host (all pads).
+Workspace: one zeroed int32 ``[Q, 4096 + 8]`` (histogram, slot counters, the ticket, what the
+ordering reads; binned: also the bins' slot counters and first slots, ``[Q, 3 * 4096 + 8]``,
+layout in ``radix.ZCTRS``) and one ``torch.empty`` for ``W`` (``KB`` winners a row, and room
+for a ranked cutoff bin when binned), the winner counts and ``P`` (``[Q, N]`` int32).
+``N = 0`` is answered on the host (all pads).
 
 Measured on an H200: docs/benchmarks_select_kernel.md.
 
@@ -58,7 +67,7 @@ RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners (ra
 FUSE_MAX_ROWS = 3  # up to this many rows the last compact program finishes the row (no finish kernel)
 FIN_TIERS = (1024, 4096)  # in-play candidates the finish holds in registers (the smaller that holds P)
 # a cutoff bin of up to this many candidates the rank kernel ranks whole at one row (no finish;
-# rank_layout). H200, N = 16384, a fifth of the row tied: ranking 4096 beat the finish at one
+# rank_layout). H200, N = 16384, a quarter of the row tied: ranking 4096 beat the finish at one
 # row, 2048 at two, neither at four (docs/benchmarks_select_kernel.md)
 RANK_PLAY = 4096
 

@@ -59,3 +59,22 @@ def test_workspace_parts_are_16_byte_aligned():
             assert [t.data_ptr() % 16 for t in parts] == [0] * 5, (q, kb, extra)
             assert [t.numel() for t in parts] == [q * kb, q * kb, q * kb, q, q * extra]
 
+
+
+def test_staged_rank_layout():
+    """Up to RANK_MAX_ROWS rows (the rank ordering) the staged path bins W and ranks a cutoff
+    bin of up to rank_play candidates whole: 4096 at one row, halved at two, quartered at 3-4,
+    at most 2 KB; a runtime value, so Q = 1..3 keep one launch plan (above). Elsewhere neither;
+    an explicit rank_play must be 0 or a power of two, and only with the rank ordering."""
+    from tpflare.ops import select_staged as st
+
+    assert st.RANK_MAX_ROWS == 4
+    assert [st.rank_layout(q, 2048) for q in (1, 2, 3, 4)] == [(True, 4096), (True, 2048), (True, 1024), (True, 1024)]
+    assert st.rank_layout(1, 64) == (True, 128)  # few winners: at most 2 KB ranked whole
+    assert st.rank_layout(5, 2048) == (False, 0) == st.rank_layout(1, 2048, "bucket") == st.rank_layout(2, 2048, "sort")
+    assert st.rank_layout(8, 2048, "rank") == (True, 512)
+    assert st.rank_layout(1, 2048, None, 0) == (True, 0) and st.rank_layout(3, 2048, "rank", 16) == (True, 16)
+    for bad in [dict(order="bucket", rank_play=16), dict(rank_play=24), dict(rank_play=-1)]:
+        with pytest.raises(ValueError):
+            st.rank_layout(1, 2048, bad.get("order"), bad["rank_play"])
+    assert st.rank_tile(1, 2048, 132, True) == (8, 256) and st.rank_tile(1, 2048, 132) == (8, 1024)
