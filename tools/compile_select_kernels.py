@@ -1,6 +1,6 @@
 """Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
 
-    python tools/compile_select_kernels.py [--arch 90] [--stages] [name ...]
+    python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
@@ -11,7 +11,9 @@ programs share an SM). It checks code generation only; the Triton interpreter (`
 what the kernels compute. Names select kernels by substring. ``--stages`` adds the seconds of
 each stage of the pipeline (the rest of the total is Triton's Python front end). Every run
 compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
-compile.
+compile. ``--threads`` compiles the selected kernels at once, one thread each, and prints the
+wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
+Triton releases the GIL in parts of its pipeline).
 """
 from __future__ import annotations
 
@@ -108,12 +110,43 @@ def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict
         CUDABackend.add_stages = add_stages
 
 
+def compile_threaded(names: list, arch: int) -> int:
+    """Compile ``names`` (KERNELS keys) in one thread each; print each one's seconds and the wall."""
+    import threading
+
+    secs, errors = {}, {}
+
+    def one(name):
+        fn, consts, nw = KERNELS[name]
+        t0 = time.perf_counter()
+        try:
+            compile_one(fn, dict(consts), nw, arch)
+        except Exception as e:  # reported below
+            errors[name] = f"{type(e).__name__}: {str(e)[:500]}"
+        secs[name] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    for n in names:
+        print(f"{'FAIL' if n in errors else 'ok  '} {n}: {secs[n]:.1f} s in its thread {errors.get(n, '')}")
+    print(f"{len(names)} kernels in threads: {wall:.2f} s wall ({os.cpu_count()} CPUs)")
+    return 1 if errors else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (H100/H200: 90)")
     ap.add_argument("--stages", action="store_true", help="also the seconds of each pipeline stage")
+    ap.add_argument("--threads", action="store_true", help="compile the selected kernels in parallel threads")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
+    if a.threads:
+        return compile_threaded([n for n in KERNELS if not a.names or any(x in n for x in a.names)], a.arch)
     failed = 0
     for name, (fn, consts, nw) in KERNELS.items():
         if a.names and not any(x in name for x in a.names):
