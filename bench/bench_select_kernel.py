@@ -3,6 +3,7 @@
     python bench/bench_select_kernel.py --out bench.json                       # the goal table
     python bench/bench_select_kernel.py --out bench.json --cold                # + cold compile seconds
     python bench/bench_select_kernel.py --out v.json --variants --grid small   # + both paths / options
+    python bench/bench_select_kernel.py --out s.json --grid staged --variants --only staged_finish,staged_play2k
 
 Methods (k = 2048 unless --k; every call returns ids and score bits of the whole op):
   kernel       tpflare.ops.select_kernel.triton_ordered_select, the path ``choose_path`` picks
@@ -16,7 +17,7 @@ rotate over three sets so that small shapes do not time a warm L2 only. ``exact`
 ids and score bits equal the torch path's. Bandwidth: the bytes the op must move (scores and
 ids read once, ids and scores written once) over the graph time.
 
-Cold compile (--cold): for each shape a fresh process with an empty TRITON_CACHE_DIR times its
+Cold compile (--cold): for each shape (--cold-shapes) a fresh process with an empty TRITON_CACHE_DIR times its
 first call (compile included) minus a steady call; again in a process that first ran a tiny
 Triton kernel of its own (as one that compiled a model with Inductor has: Triton's driver module
 built, its cost not the selection's); then one process times ``precompile`` of a server's

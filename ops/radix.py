@@ -161,7 +161,7 @@ Z_ABOVE = tl.constexpr(4)
 def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
                  KB: tl.constexpr, SL: tl.constexpr, JB: tl.constexpr, BINNED: tl.constexpr,
                  ZS: tl.constexpr, NB: tl.constexpr):
-    # grid (Q, KB / SL): every program takes SL entries of W and counts, for each, the entries
+    # grid (Q, span / SL): every program takes SL entries of W and counts, for each, the entries
     # before it (a larger packed key, or an equal key at an earlier position): its output slot.
     # Not BINNED: W holds a row's nsel winners (cnt_ptr) in any order, and each is compared
     # with all. BINNED (the staged path, z_ptr its workspace): W is sorted by the first digit:
