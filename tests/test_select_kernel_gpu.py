@@ -302,6 +302,29 @@ def test_radix_digit_widths(bits, resident):
         check_equal(got, ref_packed(scores, ids, 2048), f"{kind} radix_bits={bits} resident={resident}")
 
 
+@pytest.mark.parametrize("bin_size,play", [(16, 16), (17, 16), (16, 8), (16, 0)])
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_staged_rank_play_boundary(bin_size, play, fuse):
+    """The staged path's cutoff bin ranked whole (bin_size <= rank_play) or left to the finish
+    (one more, or rank_play 0), at the boundary: 4 winners in a bin above (one counter for all
+    their binned slots), then a cutoff bin [1, 1.125) of bin_size candidates, tied scores and
+    duplicate ids among them (the id, then the position, breaks the tie), 4 of them wanted;
+    three rows that differ in which positions hold the bin."""
+    _require_kernel()
+    q, n, k = 3, 64, 8
+    g = torch.Generator().manual_seed(bin_size * 31 + play)
+    scores = torch.full((q, n), -5.0)
+    ids = torch.stack([torch.randperm(n, generator=g) for _ in range(q)]).to(torch.int32)
+    for r in range(q):
+        pos = torch.randperm(n, generator=g)
+        scores[r, pos[:4]] = 3.0
+        b = pos[4: 4 + bin_size]
+        scores[r, b] = torch.where(torch.arange(bin_size) % 3 == 0, 1.0, 1.0 + 0.01 * (torch.arange(bin_size) % 5)).float()
+        ids[r, b[1::4]] = int(ids[r, b[0]])  # duplicate ids inside the bin
+    got = run_kernel(scores, ids, k, path="staged", staged=dict(rank_play=play, fuse=fuse), order="rank")
+    check_equal(got, ref_python(scores, ids, k), f"bin={bin_size} rank_play={play} fuse={fuse}")
+
+
 @pytest.mark.parametrize("kw", [dict(path="row"), dict(path="staged"), dict(path="staged", staged=dict(fuse=False))],
                          ids=["row", "staged", "staged_unfused"])
 def test_no_candidates(kw):

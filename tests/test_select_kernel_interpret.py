@@ -7,7 +7,7 @@ payloads, padding, duplicate ids) at small shapes on both paths and the row kern
 (registers; chunks of 128, 4096 and 8192 candidates; the staged path with and without the
 finish for the cutoff bin) against the plain-Python and
 the packed-key references, every final ordering after both paths, winners whose keys cluster,
-digit widths, empty rows and bad input.
+digit widths, empty rows and bad input, the staged cutoff bin at the rank_play boundary.
 The same kernels run compiled on the GPU machine (the whole of that file). Skipped where Triton
 does not import.
 """
@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-SUBSET = "small or clustered or final_orderings or digit_widths or no_candidates or rejects or references"
-MIN_TESTS = 385  # the subset's size today: fewer passing means tests went missing
+SUBSET = "small or clustered or final_orderings or digit_widths or no_candidates or rejects or references or rank_play"
+MIN_TESTS = 393  # the subset's size today: fewer passing means tests went missing
 
 
 @pytest.mark.timeout(1200)
