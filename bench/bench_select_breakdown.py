@@ -28,9 +28,7 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
     n_sm = sk._num_sms(0)
     ca, fuse, fw = st.plan(q, n, kb, n_sm)
     binned, pr = st.rank_layout(q, kb, None, play)
-    wb = kb + max(pr, st.play_cap(kb)) if binned else kb
-    nb = 1 << st.HIST_BITS
-    zs = (3 * nb if binned else nb) + radix.ZCTRS.value
+    wb, zs, span = st.workspace_layout(k, n, binned, pr)
     nw_a = max(1, min(8, ca // 256))
     z = torch.zeros((q, zs), dtype=torch.int32, device=scores.device)
     if stop == 0:
@@ -51,8 +49,7 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
         out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
         out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
         return radix.order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, None, st.rank_tile(q, kb, n_sm, binned),
-                                   binned=(z, zs, nb) if binned else None,
-                                   span=max(k, min(kb + pr, n)) if binned else kb)
+                                   binned=(z, zs, st.HIST_BITS) if binned else None, span=span)
     return z
 
 

@@ -115,6 +115,12 @@ def key_id(key):
 
 
 @triton.jit
+def key_top_digit(key, HB: tl.constexpr):
+    # the first HB bits of the score key a packed key holds, as top_digit gives them
+    return ((key >> (63 - HB)) & ((1 << HB) - 1)).to(tl.int32)
+
+
+@triton.jit
 def top_digit(s, HB: tl.constexpr):
     # the first HB bits of the score key as an unsigned bin (sign flipped: negatives below)
     return ((s >> (32 - HB)) & ((1 << HB) - 1)) ^ (1 << (HB - 1))
@@ -153,14 +159,29 @@ def put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o):
 # winners above the cutoff bin; the bins' slot counters [NB + ZCTRS, 2 NB + ZCTRS) and the
 # bins' first W slots [2 NB + ZCTRS, 3 NB + ZCTRS) (the binned W of the rank ordering).
 ZCTRS = tl.constexpr(8)
+Z_WSLOT = tl.constexpr(0)
+Z_PSLOT = tl.constexpr(1)
+Z_TICKET = tl.constexpr(2)
 Z_USED = tl.constexpr(3)
 Z_ABOVE = tl.constexpr(4)
+
+
+@triton.jit
+def z_bin_slots(z_row, NB: tl.constexpr):
+    # the bins' slot counters of a staged workspace row (binned W)
+    return z_row + NB + ZCTRS
+
+
+@triton.jit
+def z_bin_firsts(z_row, NB: tl.constexpr):
+    # the bins' first W slots of a staged workspace row (binned W)
+    return z_row + 2 * NB + ZCTRS
 
 
 @generic_jit
 def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os,
                  KB: tl.constexpr, SL: tl.constexpr, JB: tl.constexpr, BINNED: tl.constexpr,
-                 ZS: tl.constexpr, NB: tl.constexpr):
+                 ZS: tl.constexpr, HB: tl.constexpr):
     # grid (Q, span / SL): every program takes SL entries of W and counts, for each, the entries
     # before it (a larger packed key, or an equal key at an earlier position): its output slot.
     # Not BINNED: W holds a row's nsel winners (cnt_ptr) in any order, and each is compared
@@ -170,6 +191,7 @@ def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_
     # the whole bin (at most rank_play candidates, of which the first nsel - above win). An
     # entry is compared only with its own bin: entries of the bins above all come before it.
     row = tl.program_id(0).to(tl.int64)
+    NB: tl.constexpr = 1 << HB
     nsel = tl.load(cnt_ptr + row)
     j = tl.program_id(1) * SL + tl.arange(0, SL)
     wk_row = wk_ptr + row * KB
@@ -186,9 +208,9 @@ def _rank_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_
     o = tl.load(wo_row + j, mask=live, other=0)
     val = tl.load(wv_ptr + row * KB + j, mask=live, other=-8388608)
     if BINNED:
-        d = ((key >> 51) & (NB - 1)).to(tl.int32)  # the first digit (the packed key's top bits)
+        d = key_top_digit(key, HB)
         hb = live & (j < above)
-        lo = tl.where(hb, tl.load(z_row + 2 * NB + ZCTRS + d, mask=hb, other=0), above)
+        lo = tl.where(hb, tl.load(z_bin_firsts(z_row, NB) + d, mask=hb, other=0), above)
         hi = tl.where(hb, lo + tl.load(z_row + d, mask=hb, other=0), nu)
     else:
         lo = j * 0
@@ -399,11 +421,12 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     """Write the ordered winners of W to ``out_ids``/``out_sc`` ``[Q, k]``, pads past them.
 
     ``order``: ``"rank"`` (rank kernel; default up to ``RANK_MAX_ROWS`` rows: its work grows as
-    ``Q k^2``; ``tile``: its (rows, cols), default ``select_staged.rank_tile``), ``"bucket"``
+    ``Q k^2``; ``tile``: its (rows, cols), default ``select_staged.rank_tile`` of ``kb``: a
+    binned W passes the tile of its winners, since its stride is larger), ``"bucket"``
     (one program a row, ``order_row``; the default beyond) or ``"sort"`` (``torch.sort`` of
     the keys, then a decode that puts runs of equal keys in position order). Only W's first
     ``cnt`` slots of a row hold winners, or (``binned``: the staged path's workspace ``z``, its
-    row stride and bins, the rank ordering only) W is sorted by the first digit and may hold a
+    row stride and first-digit bits, the rank ordering only) W is sorted by the first digit and may hold a
     whole cutoff bin (``_rank_kernel``). ``kb``: W's row stride; ``span``: the slots of a row
     the rank kernel covers (default ``kb``: at least its entries and ``k``).
     """
@@ -414,10 +437,10 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
         order = "rank" if q <= RANK_MAX_ROWS else "bucket"
     if order == "rank":
         sl, jb = rank_tile(q, kb, n_sm, binned is not None) if tile is None else tile
-        z, zs, nb = (cnt, 1, 1) if binned is None else binned
-        _rank_kernel[(q, -(-(kb if span is None else span) // sl))](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
-                                        KB=kb, SL=sl, JB=jb, BINNED=binned is not None, ZS=int(zs), NB=int(nb),
-                                        num_warps=4)
+        z, zs, hb = (cnt, 1, 1) if binned is None else binned
+        grid = (q, -(-(kb if span is None else span) // sl))
+        _rank_kernel[grid](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+                           KB=kb, SL=sl, JB=jb, BINNED=binned is not None, ZS=int(zs), HB=int(hb), num_warps=4)
     elif binned is not None:
         raise ValueError("a binned W needs the rank ordering")
     elif order == "sort":

@@ -60,7 +60,7 @@ except Exception:  # pragma: no cover - depends on the machine
     tl = None
     _HAVE_TRITON = False
 
-__all__ = ["staged_select", "plan", "rank_layout", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
+__all__ = ["staged_select", "plan", "rank_layout", "workspace_layout", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
 
 HIST_BITS = 12  # width of the first digit: 4096 bins of the global histogram
 RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners (radix.order_winners)
@@ -76,11 +76,13 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def rank_tile(q: int, kb: int, n_sm: int, binned: bool = False) -> tuple[int, int]:
-    """(rows, cols) of the rank kernel's tile of key comparisons for Q rows of KB entries of W
-    (binned: each compared with its own bin only, a shorter range)."""
-    kb = next_pow2(kb)  # (W's row: KB winners, and the cutoff bin the rank kernel ranks)
-    rows = min(256, max(8, next_pow2(-(-q * kb // (8 * n_sm)))), kb)  # H200, 1 row: 8 rows a tile beat 16
+def rank_tile(q: int, kb: int, n_sm: int, binned: bool = False, rows=None) -> tuple[int, int]:
+    """(rows, cols) of the rank kernel's tile of key comparisons for Q rows of KB winners
+    (binned: each compared with its own bin only, a shorter range); ``rows`` overrides."""
+    kb = next_pow2(kb)
+    if rows is None:
+        rows = min(256, max(8, next_pow2(-(-q * kb // (8 * n_sm)))))  # H200, 1 row: 8 rows a tile beat 16
+    rows = min(int(rows), kb)
     return rows, max(16, min(kb, (2048 if binned else 8192) // rows))
 
 
@@ -106,6 +108,19 @@ def rank_layout(q: int, kb: int, order=None, rank_play=None) -> tuple[bool, int]
     return binned, pr
 
 
+def workspace_layout(k: int, n: int, binned: bool, pr: int) -> tuple[int, int, int]:
+    """(W's row stride, the zeroed workspace's row, the rank kernel's slots a row) for ``k``
+    winners of ``n`` candidates: with a binned W, room for a whole cutoff bin (one stride for
+    every ``rank_play`` up to ``play_cap``: it is a runtime value, one compiled kernel) and the
+    bins' counters and first slots (``radix.ZCTRS``: the layout); the rank kernel covers W's
+    entries (at most KB + rank_play, and at most n) and the k outputs."""
+    kb = max(2, next_pow2(k))
+    nb = 1 << HIST_BITS
+    if not binned:
+        return kb, nb + ZCTRS.value, kb
+    return kb + max(pr, play_cap(kb)), 3 * nb + ZCTRS.value, max(k, min(kb + pr, n))
+
+
 def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None) -> tuple:
     """(ca, fuse, fin_warps): the staged path's tile class for Q rows of n candidates.
 
@@ -126,7 +141,8 @@ def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None)
 
 
 if _HAVE_TRITON:
-    from .radix import ZCTRS, Z_ABOVE, Z_USED, generic_jit, load_chunk, pick_digit, put_winners, score_key, top_digit
+    from .radix import (ZCTRS, Z_ABOVE, Z_PSLOT, Z_TICKET, Z_USED, Z_WSLOT, generic_jit, load_chunk, pick_digit,
+                        put_winners, score_key, top_digit, z_bin_firsts, z_bin_slots)
     from .select_finish import finish_row
 
     @triton.jit
@@ -159,39 +175,38 @@ if _HAVE_TRITON:
         # the rank kernel ranks a cutoff bin of up to play_max candidates whole: no finish for the row
         ranked = (need < m) & (m <= play_max)
         keep = ranked | (need == m)  # the cutoff bin's candidates go to W whole (else to P)
+        if BINNED:  # every bin's first slot in W: the candidates in the bins above it
+            firsts = tl.cumsum(h, 0, reverse=True) - h
         if tl.program_id(1) == 0:  # what the ordering reads: winners, entries of W, winners above
             tl.store(cnt_ptr + row, nsel)
             tl.store(z_row + NB + Z_USED, tl.where(ranked, above + m, nsel))
             tl.store(z_row + NB + Z_ABOVE, above)
-            if BINNED:  # every bin's first slot in W: the candidates in the bins above it
-                tl.store(z_row + 2 * NB + ZCTRS + tl.arange(0, NB), tl.cumsum(h, 0, reverse=True) - h)
+            if BINNED:
+                tl.store(z_bin_firsts(z_row, NB) + tl.arange(0, NB), firsts)
         o = tl.program_id(1) * CA + tl.arange(0, CA)
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
         d = top_digit(s, HB)
         v = 2147483647 - tl.maximum(i, 0)
         valid = s != -2147483648
-        if BINNED:
-            # winners above the cutoff bin, sorted by bin: the bin's first slot plus a slot in it
-            win = valid & (d > dstar)
-            if tl.sum(win.to(tl.int32), 0) > 0:
-                first = tl.gather(tl.cumsum(h, 0, reverse=True) - h, d, 0)
-                slot = first + tl.atomic_add(z_row + NB + ZCTRS + d, tl.full([CA], 1, tl.int32), mask=win,
-                                             sem="relaxed")
-                put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, slot, win, s, v, b, o)
-        else:  # winners above the cutoff bin in any order: one atomic a program, a prefix sum
-            win = valid & (d > dstar)
-            wi = win.to(tl.int32)
-            nw = tl.sum(wi, 0)
+        win = valid & (d > dstar)  # winners above the cutoff bin
+        wi = win.to(tl.int32)
+        nw = tl.sum(wi, 0)
+        if BINNED:  # sorted by bin: the bin's first slot plus a slot in it
             if nw > 0:
-                base = tl.atomic_add(z_row + NB, nw, sem="relaxed")
+                slot = tl.gather(firsts, d, 0) + tl.atomic_add(z_bin_slots(z_row, NB) + d, tl.full([CA], 1, tl.int32),
+                                                               mask=win, sem="relaxed")
+                put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, slot, win, s, v, b, o)
+        else:  # in any order: one atomic a program, a prefix sum
+            if nw > 0:
+                base = tl.atomic_add(z_row + NB + Z_WSLOT, nw, sem="relaxed")
                 put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + tl.cumsum(wi, 0) - 1,
                             win, s, v, b, o)
         cut = valid & (d == dstar)
         ci = cut.to(tl.int32)
         npl = tl.sum(ci, 0)
         if npl > 0:
-            pbase = tl.atomic_add(z_row + NB + 1, npl, sem="relaxed")
+            pbase = tl.atomic_add(z_row + NB + Z_PSLOT, npl, sem="relaxed")
             if keep:  # whole records after the winners above the cutoff bin
                 put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB,
                             above + pbase + tl.cumsum(ci, 0) - 1, cut, s, v, b, o)
@@ -203,7 +218,7 @@ if _HAVE_TRITON:
                 # gpu-scope acq_rel ticket (the cooperative-groups grid-sync pattern) makes every
                 # program's P and W writes visible to it; nobody waits, so nothing can hang
                 tl.debug_barrier()
-                ticket = tl.atomic_add(z_row + NB + 2, 1, sem="acq_rel", scope="gpu")
+                ticket = tl.atomic_add(z_row + NB + Z_TICKET, 1, sem="acq_rel", scope="gpu")
                 if ticket == tl.num_programs(1) - 1:
                     # the cutoff scan above holds for the whole row: the finish reuses it
                     finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
@@ -248,11 +263,7 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     fr1 = min(FIN_TIERS[0], fr2)
     ca, fuse, fw = plan(q, n, kb, n_sm, ca, fuse, fin_warps)
     binned, pr = rank_layout(q, kb, order, rank_play)
-    # W's row: the winners above the cutoff bin, then (binned) room for a whole cutoff bin; one
-    # stride for every Q (rank_play is a runtime value: one compiled kernel)
-    wb = kb + max(pr, play_cap(kb)) if binned else kb
-    nb = 1 << HIST_BITS
-    zs = (3 * nb if binned else nb) + ZCTRS.value  # the zeroed workspace's row (radix.ZCTRS: its layout)
+    wb, zs, span = workspace_layout(k, n, binned, pr)
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)
     dev = scores.device
@@ -267,13 +278,8 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     if not fuse:
         _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                              num_warps=fw, **fin)
-    sl, jb = rank_tile(q, kb, n_sm, binned)  # (the rank ordering's tile: from the winners, not W's stride)
-    if rank_rows is not None:
-        sl = min(int(rank_rows), next_pow2(kb))
-        jb = max(16, min(next_pow2(kb), (2048 if binned else 8192) // sl))
+    sl, jb = rank_tile(q, kb, n_sm, binned, rank_rows)  # (from the winners, not W's stride)
     if rank_cols is not None:
         jb = int(rank_cols)
-    # the rank kernel's slots: W's entries (at most kb + pr, and at most n) and the k outputs
-    span = max(k, min(kb + pr, n)) if binned else kb
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, order, (sl, jb),
-                         binned=(z, zs, nb) if binned else None, span=span)
+                         binned=(z, zs, HIST_BITS) if binned else None, span=span)

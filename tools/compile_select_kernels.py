@@ -38,17 +38,16 @@ from tpflare.ops import select_staged as st  # noqa: E402
 _TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr="*i64", wv_ptr="*i32",
               wo_ptr="*i32", cnt_ptr="*i32", oid_ptr="*i32", osc_ptr="*fp32", key_ptr="*i64", pos_ptr="*i64",
               N="i32", K="i32", play_max="i32", s_sq="i32", s_iq="i32", s_oi="i32", s_os="i32")
-_ZSB = 3 * (1 << st.HIST_BITS) + rx.ZCTRS.value  # the staged workspace row, binned W (radix.ZCTRS)
-_FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=2048 + st.RANK_PLAY, D=5, CH=2048, FR1=st.FIN_TIERS[0],
-            FR2=st.FIN_TIERS[1])
+_WB, _ZSB, _ = st.workspace_layout(2048, 16384, True, st.RANK_PLAY)  # the binned W of k = 2048
+_W, _ZS, _ = st.workspace_layout(2048, 16384, False, 0)
+_FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=_WB, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1])
 KERNELS = {
     "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"]), 2),
     "staged compact+finish (fused)": (st._compact_kernel, dict(CA=512, FUSED=True, BINNED=True, **_FIN), 8),
     "staged compact": (st._compact_kernel, dict(CA=4096, FUSED=False, BINNED=False,
-                                                **dict(_FIN, KB=2048, ZS=(1 << st.HIST_BITS) + rx.ZCTRS.value)), 8),
+                                                **dict(_FIN, KB=_W, ZS=_ZS)), 8),
     "staged finish": (st._finish_kernel, _FIN, 8),
-    "rank": (rx._rank_kernel, dict(KB=2048 + st.RANK_PLAY, SL=8, JB=256, BINNED=True, ZS=_ZSB,
-                                   NB=1 << st.HIST_BITS), 4),
+    "rank": (rx._rank_kernel, dict(KB=_WB, SL=8, JB=256, BINNED=True, ZS=_ZSB, HB=st.HIST_BITS), 4),
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
     "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
 }
