@@ -102,8 +102,7 @@ def time_graph(fn, sets, reps: int, replays: int) -> float:
 
 def variants(q: int, n: int) -> dict:
     """Options of the production paths timed with --variants (names -> triton_ordered_select kwargs)."""
-    v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort"),
-         "row_bitonic": dict(path="row", order="bitonic"), "row_bitonic_sep": dict(path="row", order="bitonic_sep")}
+    v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort")}
     if q <= 64:
         v.update(staged=dict(path="staged"), staged_bucket=dict(path="staged", order="bucket"),
                  staged_sort=dict(path="staged", order="sort"), row_rank=dict(path="row", order="rank"))

@@ -23,7 +23,6 @@ import inspect
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import constexpr_function
 
 # the integer arguments of every kernel that Triton must not specialise (a value divisible by
 # 16 or equal to 1 would otherwise compile another copy of the kernel for each new shape)
@@ -390,80 +389,12 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
 
 
-@constexpr_function
-def _log2c(n):
-    return int(n).bit_length() - 1
-
-
-@triton.jit
-def _hyper_axis(ND: tl.constexpr, a: tl.constexpr):
-    # 0, 1 along the a-th innermost axis of a [2] * ND hypercube
-    return tl.reshape(tl.arange(0, 2), [1] * (ND - a - 1) + [2] + [1] * a)
-
-
-@triton.jit
-def _exchange(k, v, flip, a: tl.constexpr, ND: tl.constexpr):
-    # one compare-exchange step of a bitonic network on the a-th innermost axis of [2] * ND
-    # views of keys k and payloads v: the partner's pair is the xor of the two along that axis
-    kp = k ^ tl.xor_sum(k, ND - 1 - a, True)
-    vp = v ^ tl.xor_sum(v, ND - 1 - a, True)
-    before = (kp > k) | ((kp == k) & (vp < v))  # the partner ranks before this pair
-    take = before != (flip ^ _hyper_axis(ND, a))
-    return tl.where(take, kp, k), tl.where(take, vp, v)
-
-
-@triton.jit
-def rank_sort(k, v, KB: tl.constexpr):
-    # bitonic sort of KB (key, payload) pairs into rank order: larger key first, then smaller
-    # payload; distinct pairs give one order (pairs equal in both are interchangeable)
-    ND: tl.constexpr = _log2c(KB)
-    hk = tl.reshape(k, [2] * ND)
-    hv = tl.reshape(v, [2] * ND)
-    for st in tl.static_range(1, ND + 1):
-        if st < ND:
-            flip = _hyper_axis(ND, st)  # alternating runs, merged by the next stage
-        else:
-            flip = 0
-        for i in tl.static_range(st):
-            hk, hv = _exchange(hk, hv, flip, st - 1 - i, ND)
-    return tl.reshape(hk, [KB]), tl.reshape(hv, [KB])
-
-
-@triton.jit
-def sort_row(wk_row, wv_row, wo_row, nsel, oid_row, osc_row, K, KB: tl.constexpr):
-    # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
-    # past them: a bitonic sort in registers of (packed key, position << log2 KB | W slot), so
-    # equal keys (duplicate ids, both NaN) come in position order. Score bits come back from the
-    # key (a bijection but for NaN), a NaN's from its W slot (payloads survive).
-    j = tl.arange(0, KB)
-    live = j < nsel
-    key = tl.load(wk_row + j, mask=live, other=-1)  # pads sort last (a winner's key is >= 2**31)
-    o = tl.load(wo_row + j, mask=live, other=0)
-    LKB: tl.constexpr = _log2c(KB)
-    key, v = rank_sort(key, (o << LKB) | j, KB)
-    s = (key >> 31).to(tl.int32) ^ -2147483648  # the score key
-    nan = live & (s == -2147483647)
-    bits = tl.where(s >= 0, s, s ^ 0x7FFFFFFF)
-    bits = tl.where(nan, tl.load(wv_row + (v & (KB - 1)), mask=nan, other=0), bits)
-    mk = j < K
-    tl.store(oid_row + j, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
-    tl.store(osc_row + j, tl.where(live, bits, -8388608).to(tl.float32, bitcast=True), mask=mk)
-
-
 @generic_jit
 def bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
     # grid (Q,): order_row for each row of W (the staged path's winners)
     row = tl.program_id(0).to(tl.int64)
     order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
               z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT)
-
-
-@generic_jit
-def sort_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
-    # grid (Q,): sort_row for each row of W (the staged path's winners)
-    row = tl.program_id(0).to(tl.int64)
-    sort_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
-             oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
 
 
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:
@@ -518,13 +449,10 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
         key, pos = torch.sort(keys, dim=1, descending=True)
         _decode_runs_kernel[(q,)](key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
                                   KB=kb, num_warps=max(1, min(8, kb // 256)))
-    elif order in ("bitonic", "bitonic_sep"):
-        sort_kernel[(q,)](wk, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
-                          num_warps=max(1, min(16, kb // 128)))
     elif order == "bucket":
         z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=wk.device)
         bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
                              num_warps=max(1, min(8, kb // 256)))
     else:
-        raise ValueError(f"order must be rank, bucket, bitonic or sort, got {order!r}")
+        raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     return out_ids, out_sc

@@ -176,7 +176,7 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
 
 
 if _HAVE_TRITON:
-    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, sort_row, pick_digit, put_winners,
+    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
                         scan_slots, score_key, top_digit, winner_workspace)
     from .select_finish import finish_row
 
@@ -289,10 +289,7 @@ if _HAVE_TRITON:
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                    KB, D, CH, FR1, FR2)
-        if ORDER == 2:
-            tl.debug_barrier()
-            sort_row(wk_row, wv_row, wo_row, nsel, oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
-        elif ORDER == 1:
+        if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
                       osc_ptr + row * s_os, K, KB, SPLIT)
@@ -347,8 +344,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
             path = "staged" if staged else choose_path(q, n, k, n_sm)
     if path not in ("row", "staged"):
         raise ValueError(f"path must be row or staged, got {path!r}")
-    if order not in (None, "rank", "bucket", "sort", "bitonic", "bitonic_sep"):
-        raise ValueError(f"order must be rank, bucket, bitonic or sort, got {order!r}")
+    if order not in (None, "rank", "bucket", "sort"):
+        raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     if path == "staged" and any(o is not None for o in row_opts):
         raise ValueError("row kernel options given with path='staged'")
     if path == "row" and staged:
@@ -368,13 +365,13 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if path == "staged":
         return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, order=order, **dict(staged or {}))
     block, nw, chunk, resident = row_config(n, q, num_warps, chunk, resident)
-    fused = order in (None, "bucket", "bitonic")  # the row kernel orders its own winners
+    fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
-    z = torch.empty((q * ORDER_SCRATCH.value * kb,) if order in (None, "bucket") else (1,), dtype=torch.int32, device=scores.device)
+    z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
     fr2 = select_staged.FIN_TIERS[1]
     _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0),
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
-                      D=radix_bits, CH=2048, FR1=min(select_staged.FIN_TIERS[0], fr2), FR2=fr2, ORDER=2 if order == "bitonic" else int(fused),
+                      D=radix_bits, CH=2048, FR1=min(select_staged.FIN_TIERS[0], fr2), FR2=fr2, ORDER=fused,
                       num_warps=nw)
     if fused:
         return out_ids, out_sc

@@ -50,17 +50,14 @@ KERNELS = {
     "rank": (rx._rank_kernel, dict(KB=_WB, SL=8, JB=256, BINNED=True, ZS=_ZSB, HB=st.HIST_BITS), 4),
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
     "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
-    "bitonic order": (rx.sort_kernel, dict(KB=2048), 16),
 }
-_ROW = dict(KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], ORDER=1)
+_ROW = dict(KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], ORDER=True)
 KERNELS.update({
     "row kernel (registers 16384)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True, **_ROW), 16),
     "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, RESIDENT=True, **_ROW), 4),
     "row kernel (chunks)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, **_ROW), 16),
     "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
-                                                                     **dict(_ROW, ORDER=0)), 16),
-    "row kernel (registers 16384, bitonic)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
-                                                                   **dict(_ROW, ORDER=2)), 16),
+                                                                     **dict(_ROW, ORDER=False)), 16),
 })
 
 
