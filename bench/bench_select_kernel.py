@@ -11,6 +11,9 @@ Methods (k = 2048 unless --k; every call returns ids and score bits of the whole
                gathers (what TPFLARE_SELECT_KERNEL=torch runs)
   topk_fp32    plain torch.topk(scores, k) on fp32 (not exact under the Order rule: ties and
                NaN unordered; the speed bar)
+Patterns (--patterns): ``random`` (randn scores, distinct ids), ``ties`` (scores in {0, 1, 2, 3}: the
+cutoff inside a tie group of a quarter of the row), ``short`` (5 % finite scores, the rest -inf with
+valid ids: a short context in a padded buffer, the cutoff inside the -inf tie).
 Timing: CUDA-graph replay of --reps captured calls, median over --replays, divided by --reps
 (how serving runs the selection); eager: CUDA events around one call, median of --iters. Inputs
 rotate over three sets so that small shapes do not time a warm L2 only. ``exact``: the kernel's
@@ -61,6 +64,10 @@ def make_inputs(q: int, n: int, pattern: str, seed: int, device="cuda"):
         scores = torch.randn(q, n, generator=g, device=device)
     elif pattern == "ties":  # cutoff inside a large tie group: the id tie-break runs on every row
         scores = torch.randint(0, 4, (q, n), generator=g, device=device).float()
+    elif pattern == "short":  # a short context in a padded buffer: 5 % finite, the rest -inf with valid ids,
+        # so the cutoff falls in the -inf tie and the id tie-break runs over most of the row
+        u = torch.rand(q, n, generator=g, device=device)
+        scores = torch.where(u < 0.05, torch.randn(q, n, generator=g, device=device), float("-inf"))
     else:
         raise ValueError(pattern)
     return scores, ids

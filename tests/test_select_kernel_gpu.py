@@ -290,6 +290,54 @@ def test_bucket_order_clustered_keys(kind, path, order):
             check_equal(got, ref_python(scores, ids, k), f"{kind} {path} python q={q} n={n} k={k}")
 
 
+def _mass_tie(kind: str, q: int, n: int, seed: int):
+    """A cutoff bin larger than the finish's registers (select_staged.FIN_TIERS[1]): one score
+    for most of the row; few finite scores and the rest -inf with valid ids (a short context in
+    a padded buffer); most scores NaN with assorted payloads and every id twice (the cut between
+    two copies of an id: only positions tell them apart), or all NaN and every id twice (an odd
+    k splits the pair at the cutoff); +0 and -0 (+0 first); scores of one bin (same 12-bit
+    prefix) that differ below it, with ties."""
+    g = torch.Generator().manual_seed(seed)
+    ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 3 + 5).to(torch.int32)
+    u = torch.rand(q, n, generator=g)
+    if kind == "equal":
+        scores = torch.full((q, n), -0.75)
+    elif kind == "neginf":
+        scores = torch.where(u < 0.05, torch.randn(q, n, generator=g), torch.tensor(float("-inf")))
+    elif kind == "nan_dups":
+        nan_bits = torch.tensor([0x7FC00000, 0x7FC00001, 0xFFC00002 - (1 << 32), 0xFFFFFFFF - (1 << 32)],
+                                dtype=torch.int32).view(torch.float32)
+        scores = torch.where(u < 0.05, torch.randn(q, n, generator=g),
+                             nan_bits[torch.randint(0, 4, (q, n), generator=g)])
+        half = n // 2
+        ids[:, half:] = ids[:, : n - half].clone()
+    elif kind == "nan_pairs":  # every id twice, all NaN with distinct payloads: an odd k splits a pair
+        scores = (torch.randperm(n, generator=g).to(torch.int32).expand(q, n) | 0x7FC00000).view(torch.float32).clone()
+        ids[:, n // 2:] = ids[:, : n - n // 2].flip(1)
+    elif kind == "zeros":
+        scores = torch.where(u < 0.5, torch.tensor(0.0), torch.tensor(-0.0))
+        scores[:, :5] = 1.0
+    elif kind == "one_bin":  # 1.0 .. 1.125 share the 12-bit prefix; 256 distinct values
+        scores = 1.0 + torch.randint(0, 256, (q, n), generator=g).float() / 2048
+    else:
+        raise ValueError(kind)
+    return scores.contiguous(), ids.contiguous()
+
+
+@pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
+def test_row_mass_tie_in_registers(kind):
+    """The row kernel's register tile with a cutoff bin of more candidates than the finish's
+    registers hold (the finish over chunks of the in-play list: the score key, then the id,
+    then the position), at several k and row lengths that are not powers of two."""
+    _require_kernel()
+    for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
+        scores, ids = _mass_tie(kind, 2, n, seed=n + k)
+        got = run_kernel(scores, ids, k, path="row")
+        check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k}")
+        if n == 9000:
+            check_equal(got, ref_python(scores, ids, k), f"{kind} python n={n} k={k}")
+
+
 @pytest.mark.parametrize("resident", [True, False], ids=["registers", "chunked"])
 @pytest.mark.parametrize("bits", [3, 7, 8])
 def test_radix_digit_widths(bits, resident):
