@@ -64,6 +64,7 @@ class Site:
     k_shard: int = 0
     n: int = 0
     skip: str | None = None
+    symbolic: bool = False                # a size was symbolic and not specialised (specialize off)
 
     @property
     def name(self) -> str:
@@ -157,7 +158,7 @@ def _bias_over_world(c: Any, world: int) -> fx.Node | None:
     return None
 
 
-def _static(d: Any, specialize: bool) -> int | None:
+def _static_size(d: Any, specialize: bool) -> int | None:
     """A static size; a symbolic one is specialised (a guard: weights do not change shape)
     only when the caller may rewrite, so a knob-off compile gains no guards."""
     if isinstance(d, int):
@@ -168,6 +169,12 @@ def _static(d: Any, specialize: bool) -> int | None:
 
 
 def _classify(s: Site, specialize: bool) -> None:
+    def static(d: Any) -> int | None:  # a static size; notes on s a symbolic one left symbolic
+        v = _static_size(d, specialize)
+        if v is None and isinstance(d, torch.SymInt):
+            s.symbolic = True
+        return v
+
     r = s.reduce
     chain: list[fx.Node] = []
     gemm = _walk_back(r.partial, _OUT_CHAIN, chain)
@@ -198,7 +205,7 @@ def _classify(s: Site, specialize: bool) -> None:
     if wv is None or wv.dim() != 2:
         s.skip = "weight is not a 2-D graph input"
         return
-    dims = [_static(d, specialize) for d in wv.shape]
+    dims = [static(d) for d in wv.shape]
     if None in dims:
         s.skip = "weight shape is symbolic"
         return
@@ -218,13 +225,13 @@ def _classify(s: Site, specialize: bool) -> None:
         s.skip = "GEMM input is not a K-slice of a full hidden row (the row is not replicated here)"
         return
     x_full, dim, start, end, step, extra_dead = ks
-    start, end, step = (None if a is None else _static(_val(a) if isinstance(a, fx.Node) else a, specialize)
+    start, end, step = (None if a is None else static(_val(a) if isinstance(a, fx.Node) else a)
                         for a in (start, end, step))
     if start is None or step is None:
         s.skip = "K-slice bounds are symbolic"
         return
     xv = _val(x_full)
-    k_full = _static(xv.shape[-1], specialize)
+    k_full = static(xv.shape[-1])
     if k_full is None:
         s.skip = "hidden width is symbolic"
         return
@@ -235,7 +242,7 @@ def _classify(s: Site, specialize: bool) -> None:
                   f"[{s.rank * s.k_shard}:{(s.rank + 1) * s.k_shard}] of a [.., {s.k_shard * s.world}] row")
         return
     pv = _val(r.partial)
-    if (pv is None or _static(pv.shape[-1], specialize) != s.n
+    if (pv is None or static(pv.shape[-1]) != s.n
             or [str(d) for d in pv.shape[:-1]] != [str(d) for d in xv.shape[:-1]]):
         s.skip = "the reduced tensor is not [leading dims of the hidden row, N]"
         return
@@ -247,7 +254,7 @@ def _classify(s: Site, specialize: bool) -> None:
     elif not xv.dtype.is_floating_point:
         s.skip = f"non-floating dtype {xv.dtype}"
     elif s.bias is not None and (_val(s.bias) is None or _val(s.bias).dim() != 1
-                                 or _static(_val(s.bias).shape[0], specialize) != s.n):
+                                 or static(_val(s.bias).shape[0]) != s.n):
         s.skip = "bias/W inside the partial is not a [N] vector"
 
 

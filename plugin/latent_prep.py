@@ -324,7 +324,11 @@ class LatentGatherCompiler:
         for s in sites:
             rec: dict[str, Any] = dict(name=s.name, group=s.group, sig=(s.reduce.spelling, s.group, s.n,
                                        s.k_shard, s.layout, s.bias is not None, str(s.dtype)))
-            rec["skip"] = s.skip or self._static_gate(s, st, is_inference, allowed, mapping_problem)
+            mode = self._mode_gate(st, is_inference)
+            if s.skip and s.symbolic and mode:  # sizes are specialised only where the rewrite may run
+                rec["skip"] = mode
+            else:
+                rec["skip"] = s.skip or self._static_gate(s, st, is_inference, allowed, mapping_problem)
             if rec["skip"] is None:
                 rec.update(self._replication(s, upstream, index, order, st, states))
                 rec.update(self._row_source(s, index))
@@ -337,11 +341,19 @@ class LatentGatherCompiler:
         return out
 
     @staticmethod
-    def _static_gate(s, st, is_inference, allowed, mapping_problem) -> str | None:
+    def _mode_gate(st, is_inference) -> str | None:
+        """Why no site of this graph may be rewritten, whatever its shape (the knob, training)."""
         if not st.latent_gather:
             return "knob off (TPFLARE_LATENT_GATHER=0)"
         if not is_inference:
             return "graph needs gradients (training graph): the rewrite is for inference"
+        return None
+
+    @classmethod
+    def _static_gate(cls, s, st, is_inference, allowed, mapping_problem) -> str | None:
+        mode = cls._mode_gate(st, is_inference)
+        if mode:
+            return mode
         dtype = str(s.dtype).replace("torch.", "")
         if dtype not in allowed:
             why = (" (FP32: the traffic still halves but the exactness gain is gone; "

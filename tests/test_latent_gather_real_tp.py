@@ -376,11 +376,19 @@ def _dynamic(rank, world):
                 decode_is_reduce=torch.equal(ys[next(i for i, x in enumerate(calls) if x is x4)], f(x4, c)),
                 prefill_is_gather=all(torch.equal(y, _gather_bits(x, w, world))
                                       for x, y in zip(calls, ys) if x is not x4))
-    return out
+    with tpflare.config.patch(latent_gather=False):  # the knob off: its reason, not the symbolic sizes'
+        torch._dynamo.reset()
+        tpflare.clear_report()
+        y = torch.compile(f, backend="tpflare", fullgraph=True, dynamic=True)(x64, c)
+        knob_off = dict(records=_records(), is_reduce=torch.equal(y, f(x64, c)))
+    return out, knob_off
 
 
 def test_dynamic_row_counts_guard_the_rows_gate_and_bits_do_not_depend_on_history():
-    for r in run_ranks(_dynamic, 2, timeout=300):
+    for r, knob_off in run_ranks(_dynamic, 2, timeout=300):
+        recs = knob_off["records"]
+        assert recs and all(d == "skipped" and why.startswith("knob off") for d, why, *_ in recs), recs
+        assert knob_off["is_reduce"], knob_off
         for mode, res in r.items():
             assert res["history_free"] and res["same"], (mode, res)
             assert res["decode_is_reduce"] and res["prefill_is_gather"], (mode, res)
