@@ -314,8 +314,9 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
-    device. No host synchronisation; safe to capture in a CUDA graph (after a first,
-    compiling call outside capture). ``path``: ``"row"`` or ``"staged"`` (default
+    device (it runs there: a device guard when that is not the current device). No host
+    synchronisation; safe to capture in a CUDA graph (after a first, compiling call outside
+    capture). ``path``: ``"row"`` or ``"staged"`` (default
     ``choose_path``). ``order``: the final ordering, ``"rank"`` or ``"sort"`` (default by Q,
     ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``chunk``,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5); of the
@@ -331,6 +332,11 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         raise ValueError("scores and ids must be on one device")
     if scores.device.type != "cuda" and not _interpret():
         raise ValueError("triton_ordered_select needs CUDA tensors")
+    if scores.device.type == "cuda" and scores.device.index != torch.cuda.current_device():
+        # Triton launches on the current device, whatever device the tensors are on
+        with torch.cuda.device(scores.device):
+            return triton_ordered_select(scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk,
+                                         resident=resident, radix_bits=radix_bits, staged=staged)
     k = int(k)
     q, n = scores.shape
     if not supports(n, k):

@@ -405,6 +405,21 @@ def test_strided_rows_and_no_host_sync(path):
     check_equal(got, ref_packed(scores, ids, 2048), f"strided {path}")
 
 
+@pytest.mark.parametrize("path", ["staged", "row"])
+def test_tensors_on_a_device_that_is_not_current(path):
+    """Triton launches on the current device: inputs on another GPU run there, the current
+    device unchanged."""
+    _require_kernel()
+    if INTERPRET or torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    scores, ids = make_case("special", 5, 3000, 512, seed=11)
+    cur = torch.cuda.current_device()
+    other = (cur + 1) % torch.cuda.device_count()
+    got = sk.triton_ordered_select(scores.to(f"cuda:{other}"), ids.to(f"cuda:{other}"), 512, path=path)
+    assert got[0].device.index == other and torch.cuda.current_device() == cur
+    check_equal(got, ref_packed(scores, ids, 512), f"on cuda:{other}, current cuda:{cur}, {path}")
+
+
 GRAPH_CASES = [("rank", 64), ("sort", 64), ("staged", 64), ("default", 1), ("default", 4), ("default", 64)]
 
 
