@@ -139,9 +139,12 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
 
 @triton.jit
 def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-               KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr):
+               KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
+               MMAX: tl.constexpr = 0):
     # one program: pick the winners still needed among the row's in-play list P (nsel winners,
-    # above of them above the cutoff bin, m candidates in it: the row's cutoff scan)
+    # above of them above the cutoff bin, m candidates in it: the row's cutoff scan). MMAX: the
+    # most candidates a row can hold (a register tile's size; 0: any), so the tiers that no row
+    # reaches are not compiled (the chunks, for the row kernel's 4096 tile)
     tl.store(cnt_ptr + row, nsel)
     need = nsel - above
     sc_row = sc_ptr + row * s_sq
@@ -152,6 +155,9 @@ def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s
         if m <= FR1:
             finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
                            KB, D, CH, True, FR1)
+        elif MMAX > 0 and MMAX <= FR2:  # every row's P fits the second tier
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR2)
         elif m <= FR2:
             finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
                            KB, D, CH, True, FR2)

@@ -288,7 +288,7 @@ if _HAVE_TRITON:
                                             wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-                   KB, D, CH, FR1, FR2)
+                   KB, D, CH, FR1, FR2, BLOCK if RESIDENT else 0)
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
