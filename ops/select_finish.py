@@ -138,13 +138,31 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
 
 
 @triton.jit
+def finish_beyond_first(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                        KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR2: tl.constexpr,
+                        MMAX: tl.constexpr):
+    # finish_row past its first register tier: the second, else chunks
+    if MMAX > 0 and MMAX <= FR2:  # every row's P fits the second tier
+        finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                       KB, D, CH, True, FR2)
+    elif m <= FR2:
+        finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                       KB, D, CH, True, FR2)
+    else:
+        finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                       KB, D, CH, False, FR2)
+
+
+@triton.jit
 def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                MMAX: tl.constexpr = 0):
     # one program: pick the winners still needed among the row's in-play list P (nsel winners,
-    # above of them above the cutoff bin, m candidates in it: the row's cutoff scan). MMAX: the
-    # most candidates a row can hold (a register tile's size; 0: any), so the tiers that no row
-    # reaches are not compiled (the chunks, for the row kernel's 4096 tile)
+    # above of them above the cutoff bin, m candidates in it: the row's cutoff scan). Tiers that
+    # no row reaches are not compiled: FR1 0, no first register tier (the staged path's rank
+    # ordering ranks every cutoff bin that small whole: select_staged.finish_tiers); MMAX: the
+    # most candidates a row holds (a register tile's size; 0: any), so no chunks for the row
+    # kernel's 4096 tile
     tl.store(cnt_ptr + row, nsel)
     need = nsel - above
     sc_row = sc_ptr + row * s_sq
@@ -152,15 +170,13 @@ def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s
     p_row = p_ptr + row * N
     if need < m:  # (need == m: compact took every candidate of the cutoff bin)
         # register tiers (the smaller that holds P), else chunks re-read on every pass
-        if m <= FR1:
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, True, FR1)
-        elif MMAX > 0 and MMAX <= FR2:  # every row's P fits the second tier
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, True, FR2)
-        elif m <= FR2:
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, True, FR2)
+        if FR1 > 0:
+            if m <= FR1:
+                finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                               KB, D, CH, True, FR1)
+            else:
+                finish_beyond_first(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                                    KB, D, CH, FR2, MMAX)
         else:
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, False, FR1)
+            finish_beyond_first(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                                KB, D, CH, FR2, MMAX)

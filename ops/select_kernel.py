@@ -304,7 +304,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
         return (path, kb, "bucket") + row_config(n, q)
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
     tile = select_staged.rank_tile(q, kb, n_sm, True) if order == "rank" else ()
-    return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm)
+    tiers = select_staged.finish_tiers(*select_staged.rank_layout(q, kb))
+    return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm) + tiers
 
 
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,

@@ -60,7 +60,7 @@ except Exception:  # pragma: no cover - depends on the machine
     tl = None
     _HAVE_TRITON = False
 
-__all__ = ["staged_select", "plan", "rank_layout", "workspace_layout", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
+__all__ = ["staged_select", "plan", "rank_layout", "finish_tiers", "workspace_layout", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
 
 HIST_BITS = 12  # width of the first digit: 4096 bins of the global histogram
 RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners (radix.order_winners)
@@ -106,6 +106,14 @@ def rank_layout(q: int, kb: int, order=None, rank_play=None) -> tuple[bool, int]
     if pr < 0 or (pr and (not binned or pr & (pr - 1))):
         raise ValueError(f"rank_play must be 0 or a power of two, with the rank ordering; got {rank_play}")
     return binned, pr
+
+
+def finish_tiers(binned: bool, pr: int, fr2: int = FIN_TIERS[1]) -> tuple[int, int]:
+    """(FR1, FR2): the finish's register tiers. No first tier (0) where the rank ordering ranks
+    every cutoff bin it would hold whole (``rank_play`` at least ``FIN_TIERS[0]``): no row
+    reaches it, and its code is not compiled (about a fifth of the compact kernel's)."""
+    fr1 = min(FIN_TIERS[0], fr2)
+    return (0 if binned and pr >= fr1 else fr1), fr2
 
 
 def workspace_layout(k: int, n: int, binned: bool, pr: int) -> tuple[int, int, int]:
@@ -260,9 +268,9 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     fr2 = FIN_TIERS[1] if fin_resident is None else int(fin_resident)
     if fr2 < 16 or fr2 & (fr2 - 1):
         raise ValueError(f"fin_resident must be a power of two >= 16, got {fr2}")
-    fr1 = min(FIN_TIERS[0], fr2)
     ca, fuse, fw = plan(q, n, kb, n_sm, ca, fuse, fin_warps)
     binned, pr = rank_layout(q, kb, order, rank_play)
+    fr1, fr2 = finish_tiers(binned, pr, fr2)
     wb, zs, span = workspace_layout(k, n, binned, pr)
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)

@@ -78,3 +78,21 @@ def test_staged_rank_layout():
         with pytest.raises(ValueError):
             st.rank_layout(1, 2048, bad.get("order"), bad["rank_play"])
     assert st.rank_tile(1, 2048, 132, True) == (8, 256) and st.rank_tile(1, 2048, 132) == (8, 1024)
+
+
+def test_staged_finish_tiers():
+    """The finish's first register tier (FIN_TIERS[0] candidates) is compiled only where a row can
+    reach it: not where the rank ordering ranks every cutoff bin of that size whole (rank_play
+    at least the tier). A launch plan carries the tiers, so shapes of one plan compile one kernel."""
+    from tpflare.ops import select_kernel as sk
+    from tpflare.ops import select_staged as st
+
+    t1, t2 = st.FIN_TIERS
+    assert st.finish_tiers(True, t1) == (0, t2) == st.finish_tiers(True, 4096)
+    assert st.finish_tiers(True, t1 // 2) == (t1, t2) == st.finish_tiers(False, 0) == st.finish_tiers(True, 0)
+    assert st.finish_tiers(False, 0, 256) == (256, 256)  # fin_resident below the first tier
+    assert [sk.launch_plan(q, 16384, 2048)[-2:] for q in (1, 2, 3, 4)] == [(0, t2)] * 4
+    assert st.rank_layout(1, 512) == (True, 1024) and st.rank_layout(2, 512) == (True, 512)
+    assert sk.launch_plan(1, 16384, 512)[-2:] == (0, t2)  # rank_play 1024 at one row ...
+    assert sk.launch_plan(2, 16384, 512)[-2:] == (t1, t2)  # ... 512 at two: the tier is reached
+    assert sk.launch_plan(8, 40000, 2048)[-2:] == (t1, t2)  # the bucket ordering: no bin ranked whole

@@ -40,7 +40,8 @@ _TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr=
               N="i32", K="i32", play_max="i32", s_sq="i32", s_iq="i32", s_oi="i32", s_os="i32")
 _WB, _ZSB, _ = st.workspace_layout(2048, 16384, True, st.RANK_PLAY)  # the binned W of k = 2048
 _W, _ZS, _ = st.workspace_layout(2048, 16384, False, 0)
-_FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=_WB, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1])
+_FR1, _FR2 = st.finish_tiers(True, st.RANK_PLAY)  # the binned W's tiers (no first tier)
+_FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=_WB, D=5, CH=2048, FR1=_FR1, FR2=_FR2)
 KERNELS = {
     "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"]), 2),
     "staged compact+finish (fused)": (st._compact_kernel, dict(CA=512, FUSED=True, BINNED=True, **_FIN), 8),
