@@ -138,22 +138,6 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
 
 
 @triton.jit
-def finish_beyond_first(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                        KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR2: tl.constexpr,
-                        MMAX: tl.constexpr):
-    # finish_row past its first register tier: the second, else chunks
-    if MMAX > 0 and MMAX <= FR2:  # every row's P fits the second tier
-        finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                       KB, D, CH, True, FR2)
-    elif m <= FR2:
-        finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                       KB, D, CH, True, FR2)
-    else:
-        finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                       KB, D, CH, False, FR2)
-
-
-@triton.jit
 def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                MMAX: tl.constexpr = 0):
@@ -170,13 +154,15 @@ def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s
     p_row = p_ptr + row * N
     if need < m:  # (need == m: compact took every candidate of the cutoff bin)
         # register tiers (the smaller that holds P), else chunks re-read on every pass
-        if FR1 > 0:
-            if m <= FR1:
-                finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                               KB, D, CH, True, FR1)
-            else:
-                finish_beyond_first(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                                    KB, D, CH, FR2, MMAX)
+        if FR1 > 0 and m <= FR1:  # (FR1 0: not compiled)
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR1)
+        elif MMAX > 0 and MMAX <= FR2:  # every row's P fits the second tier
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR2)
+        elif m <= FR2:
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR2)
         else:
-            finish_beyond_first(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                                KB, D, CH, FR2, MMAX)
+            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, False, FR2)
