@@ -7,7 +7,8 @@ still-needed winners among the ``m`` candidates of ``P`` and appends them to ``W
 
 * a radix select on ``P``, held in registers (tiers ``FR1`` / ``FR2``, the smaller that holds
   ``P``) or re-read in chunks of ``CH`` beyond, with ``D``-bit digits; digits shared by the
-  smallest and the largest key still in play are skipped without a pass;
+  smallest and the largest key still in play are skipped without a pass; a tier that no row
+  of a kernel reaches is not compiled (``FR1`` 0; ``MMAX``);
 * in up to three phases (a runtime loop, one copy of the code): the score key, then (ties at
   the cutoff score) ``0x7fffffff - id``, then (duplicates: equal score key and id)
   ``0x7fffffff - position``, so duplicates are taken in position order.
