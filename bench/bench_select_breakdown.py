@@ -35,7 +35,8 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
         return z
     wk, wv, wo, cnt, pl = radix.winner_workspace(q, wb, n, scores.device)
     grid = (q, -(-n // ca))
-    fin = dict(HB=st.HIST_BITS, ZS=zs, KB=wb, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1])
+    fr1, fr2 = st.finish_tiers(binned, pr)
+    fin = dict(HB=st.HIST_BITS, ZS=zs, KB=wb, D=5, CH=2048, FR1=fr1, FR2=fr2)
     st._hist_kernel[grid](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=st.HIST_BITS, ZS=zs,
                           num_warps=nw_a)
     if stop == 1:
