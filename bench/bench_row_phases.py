@@ -182,10 +182,10 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=scores.device)
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
-    fr2 = st.FIN_TIERS[1]
+    fr1, fr2 = st.finish_tiers(False, 0)  # the row kernel's
     _row_prefix_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0),
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
-                             FR1=min(st.FIN_TIERS[0], fr2), FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
+                             FR1=fr1, FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
                              SPLIT_AT=SPLIT.value if split_at is None else int(split_at),
                              num_warps=nw)
     if split:
@@ -214,7 +214,8 @@ def ptx_counts(arch: int = 90) -> int:
                if m and not m.group(2).startswith(("reg", "local", "shared"))]
         return collections.Counter(ops)
 
-    consts = dict(BLOCK=16384, KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], HIST=False,
+    fr1, fr2 = st.finish_tiers(False, 0)
+    consts = dict(BLOCK=16384, KB=2048, D=5, CH=2048, FR1=fr1, FR2=fr2, HIST=False,
                   SCRATCH=False, SCAN1D=False, SPLIT_AT=SPLIT.value)
 
     def count(stop, **kw):

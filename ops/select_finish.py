@@ -158,10 +158,7 @@ def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s
         if FR1 > 0 and m <= FR1:  # (FR1 0: not compiled)
             finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
                            KB, D, CH, True, FR1)
-        elif MMAX > 0 and MMAX <= FR2:  # every row's P fits the second tier
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, True, FR2)
-        elif m <= FR2:
+        elif (MMAX > 0 and MMAX <= FR2) or m <= FR2:  # (every row's P fits: no chunks compiled)
             finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
                            KB, D, CH, True, FR2)
         else:

@@ -375,10 +375,10 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
-    fr2 = select_staged.FIN_TIERS[1]
+    fr1, fr2 = select_staged.finish_tiers(False, 0)
     _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0),
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
-                      D=radix_bits, CH=2048, FR1=min(select_staged.FIN_TIERS[0], fr2), FR2=fr2, ORDER=fused,
+                      D=radix_bits, CH=2048, FR1=fr1, FR2=fr2, ORDER=fused,
                       num_warps=nw)
     if fused:
         return out_ids, out_sc

@@ -320,15 +320,15 @@ class LatentGatherCompiler:
         allowed = {d.strip() for d in st.latent_gather_dtypes.split(",") if d.strip()}
         states: dict[int, tuple] = {}        # one hash per graph input, however many sites read it
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        mode = self._mode_gate(st, is_inference)  # the graph-wide gates
         out = []
         for s in sites:
             rec: dict[str, Any] = dict(name=s.name, group=s.group, sig=(s.reduce.spelling, s.group, s.n,
                                        s.k_shard, s.layout, s.bias is not None, str(s.dtype)))
-            mode = self._mode_gate(st, is_inference)
             if s.skip and s.symbolic and mode:  # sizes are specialised only where the rewrite may run
                 rec["skip"] = mode
             else:
-                rec["skip"] = s.skip or self._static_gate(s, st, is_inference, allowed, mapping_problem)
+                rec["skip"] = s.skip or mode or self._static_gate(s, st, allowed, mapping_problem)
             if rec["skip"] is None:
                 rec.update(self._replication(s, upstream, index, order, st, states))
                 rec.update(self._row_source(s, index))
@@ -349,11 +349,9 @@ class LatentGatherCompiler:
             return "graph needs gradients (training graph): the rewrite is for inference"
         return None
 
-    @classmethod
-    def _static_gate(cls, s, st, is_inference, allowed, mapping_problem) -> str | None:
-        mode = cls._mode_gate(st, is_inference)
-        if mode:
-            return mode
+    @staticmethod
+    def _static_gate(s, st, allowed, mapping_problem) -> str | None:
+        """Why this site may not be rewritten (the graph-wide gates passed)."""
         dtype = str(s.dtype).replace("torch.", "")
         if dtype not in allowed:
             why = (" (FP32: the traffic still halves but the exactness gain is gone; "

@@ -1,6 +1,6 @@
 """Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
 
-    python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [name ...]
+    python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [--sass] [--num-warps W] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
@@ -11,7 +11,9 @@ programs share an SM). It checks code generation only; the Triton interpreter (`
 what the kernels compute. Names select kernels by substring. ``--stages`` adds the seconds of
 each stage of the pipeline (the rest of the total is Triton's Python front end). Every run
 compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
-compile. ``--threads`` compiles the selected kernels at once, one thread each, and prints the
+compile. ``--sass`` adds the SASS's instruction count and its spill stores / loads (STL / LDL, from the
+bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own.
+``--threads`` compiles the selected kernels at once, one thread each, and prints the
 wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
 Triton releases the GIL in parts of its pipeline).
 """
@@ -41,6 +43,7 @@ _TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr=
 _WB, _ZSB, _ = st.workspace_layout(2048, 16384, True, st.RANK_PLAY)  # the binned W of k = 2048
 _W, _ZS, _ = st.workspace_layout(2048, 16384, False, 0)
 _FR1, _FR2 = st.finish_tiers(True, st.RANK_PLAY)  # the binned W's tiers (no first tier)
+_RF1, _RF2 = st.finish_tiers(False, 0)  # the row kernel's
 _FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=_WB, D=5, CH=2048, FR1=_FR1, FR2=_FR2)
 KERNELS = {
     "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"]), 2),
@@ -52,7 +55,7 @@ KERNELS = {
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
     "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
 }
-_ROW = dict(KB=2048, D=5, CH=2048, FR1=st.FIN_TIERS[0], FR2=st.FIN_TIERS[1], ORDER=True)
+_ROW = dict(KB=2048, D=5, CH=2048, FR1=_RF1, FR2=_RF2, ORDER=True)
 KERNELS.update({
     "row kernel (registers 16384)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True, **_ROW), 16),
     "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, RESIDENT=True, **_ROW), 4),
@@ -138,11 +141,28 @@ def compile_threaded(names: list, arch: int) -> int:
     return 1 if errors else 0
 
 
+def sass_spills(cubin: bytes) -> str:
+    """Instructions of the kernel's SASS and its local-memory (spill) stores and loads, from the
+    bundled cuobjdump."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        f = os.path.join(d, "k.cubin")
+        with open(f, "wb") as fh:
+            fh.write(cubin)
+        sass = subprocess.run([tool, "-sass", f], capture_output=True, text=True).stdout
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
+    stl = sum(" STL" in ln for ln in lines)
+    ldl = sum(" LDL" in ln for ln in lines)
+    return f"SASS {len(lines)} instructions, {stl} STL / {ldl} LDL"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (H100/H200: 90)")
     ap.add_argument("--stages", action="store_true", help="also the seconds of each pipeline stage")
     ap.add_argument("--threads", action="store_true", help="compile the selected kernels in parallel threads")
+    ap.add_argument("--sass", action="store_true", help="also the SASS size and its spill stores / loads")
+    ap.add_argument("--num-warps", type=int, default=None, help="compile with these warps instead of each kernel's")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     if a.threads:
@@ -154,14 +174,15 @@ def main(argv=None) -> int:
         t0 = time.time()
         stages = {} if a.stages else None
         try:
-            k = compile_one(fn, dict(consts), nw, a.arch, stages)
+            k = compile_one(fn, dict(consts), a.num_warps or nw, a.arch, stages)
             dt = time.time() - t0
             by_stage = ""
             if stages:
                 by_stage = " (" + ", ".join(f"{n} {v:.2f}" for n, v in stages.items()) + \
                     f", front end {dt - sum(stages.values()):.2f})"
             print(f"ok   {name}: {dt:.1f} s{by_stage}, cubin {len(k.asm['cubin'])} bytes, "
-                  f"{ptxas_usage(k.asm['ptx'], a.arch)}", flush=True)
+                  f"{ptxas_usage(k.asm['ptx'], a.arch)}" + (f", {sass_spills(k.asm['cubin'])}" if a.sass else ""),
+                  flush=True)
         except Exception as e:  # report every kernel, then fail
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
