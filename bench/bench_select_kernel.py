@@ -109,7 +109,12 @@ def time_graph(fn, sets, reps: int, replays: int) -> float:
 
 def variants(q: int, n: int) -> dict:
     """Options of the production paths timed with --variants (names -> triton_ordered_select kwargs)."""
-    v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort")}
+    v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort"),
+         # the finish's digit width (radix_bits, default 5)
+         "row_d4": dict(radix_bits=4), "row_d6": dict(radix_bits=6), "row_d8": dict(radix_bits=8),
+         "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),
+         "staged_d6": dict(path="staged", staged=dict(radix_bits=6)),
+         "staged_d8": dict(path="staged", staged=dict(radix_bits=8))}
     if q <= 64:
         v.update(staged=dict(path="staged"), staged_bucket=dict(path="staged", order="bucket"),
                  staged_sort=dict(path="staged", order="sort"), row_rank=dict(path="row", order="rank"))
