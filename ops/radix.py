@@ -1,13 +1,12 @@
 """Triton helpers shared by the selection kernels: the score key, radix-select digits, and the
 final ordering of the winners that both paths produce.
 
-Keys are int32 whose *signed* order is the selection order. A digit ``p`` of width ``D``
-(most significant first; the last digit takes what is left of the 32 bits) is handed out as
-an unsigned bin number: the sign bit is flipped in digit 0 so negative keys sort below
-positive ones. A prefix ``t`` holds the raw bits of the digits found so far.
-
-The digit position ``p`` is a *runtime* value (the radix passes are loops, not unrolled): one
-copy of a pass's code serves every digit, which keeps compile time to a second or two.
+Keys are int32 whose *signed* order is the selection order. A radix pass reads the key
+*biased* (``x + 2**31`` as an int64: the same order, unsigned bit fields): a digit is the bits
+``[sh, sh + w)``, a prefix ``t`` the biased bits found so far (the bits below clear). The
+digits start at the highest bit in which the keys still in play differ, and the shift ``sh``
+is a *runtime* value (the radix passes are loops, not unrolled): one copy of a pass's code
+serves every digit, which keeps compile time to a second or two.
 
 Both paths leave the row's winners unordered in a workspace ``W`` (``[Q, KB]`` packed keys,
 score bits and positions, plus the winner count a row; the staged path's rank ordering: sorted
@@ -62,33 +61,31 @@ def pick_digit(h, rem, NB: tl.constexpr):
 
 
 @triton.jit
-def _low(p, D: tl.constexpr):
-    # (shift, width) of digit p: the bits below it, and its own width (the last digit of a
-    # width that does not divide 32 is narrower)
-    sh = tl.maximum(32 - D * (p + 1), 0)
-    return sh, 32 - D * p - sh
+def biased(x):
+    # an int32 key as a non-negative int64 of the same order (x + 2**31): digits of it are
+    # plain unsigned bit fields, and shifts by up to 32 are defined
+    return x.to(tl.int64) + 2147483648
 
 
 @triton.jit
-def digit(s, p, D: tl.constexpr):
-    # p-th digit (most significant first, p a runtime value) of an int32 key, as an unsigned
-    # number; digit 0 has its top bit (the sign) flipped: negative keys below positive ones
-    sh, w = _low(p, D)
-    d = (s >> sh) & ((1 << w) - 1)
-    return tl.where(p == 0, d ^ (1 << (D - 1)), d)
+def digit_at(y, sh, w):
+    # the w-bit digit of a biased key y at bits [sh, sh + w) (runtime sh, w), as an int32 bin
+    return ((y >> sh) & ((1 << w) - 1)).to(tl.int32)
 
 
 @triton.jit
-def prefix_is(s, t, p, D: tl.constexpr):
-    # do the digits above digit p of key s equal the prefix t (raw bits)? (p = 0: always; t = 0)
-    return ((s >> tl.minimum(32 - D * p, 31)) & ((1 << (D * p)) - 1)) == t
+def prefix_at(y, t, sh):
+    # do the bits of biased key y from bit sh up equal those of t?
+    return (y >> sh) == (t >> sh)
 
 
 @triton.jit
-def extend(t, dd, p, D: tl.constexpr):
-    # the prefix t (raw bits) followed by digit dd
-    sh, w = _low(p, D)
-    return tl.where(p == 0, dd ^ (1 << (D - 1)), (t << w) | dd)
+def shared_bits(lo, hi):
+    # (bits, t) of int32 keys lo <= hi: every key between them shares its bits from bit ``bits``
+    # up (0..32) with them; t: those shared bits (biased), the bits below clear
+    yh = biased(hi)
+    top = _bit_length(biased(lo) ^ yh).to(tl.int32)
+    return top, (yh >> top) << top
 
 
 @triton.jit

@@ -6,9 +6,10 @@ their positions are in the list ``P``), and losers. ``finish_row`` picks, in one
 still-needed winners among the ``m`` candidates of ``P`` and appends them to ``W``:
 
 * a radix select on ``P``, held in registers (tiers ``FR1`` / ``FR2``, the smaller that holds
-  ``P``) or re-read in chunks of ``CH`` beyond, with ``D``-bit digits; digits shared by the
-  smallest and the largest key still in play are skipped without a pass; a tier that no row
-  of a kernel reaches is not compiled (``FR1`` 0; ``MMAX``);
+  ``P``) or re-read in chunks of ``CH`` beyond, with ``D``-bit digits from the highest bit
+  in which the smallest and the largest key still in play differ (the bits above are shared:
+  no pass for them); a tier that no row of a kernel reaches is not compiled (``FR1`` 0;
+  ``MMAX``);
 * in up to three phases (a runtime loop, one copy of the code): the score key, then (ties at
   the cutoff score) ``0x7fffffff - id``, then (duplicates: equal score key and id)
   ``0x7fffffff - position``, so duplicates are taken in position order.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .radix import digit, extend, pick_digit, prefix_is, put_winners, score_key
+from .radix import biased, digit_at, pick_digit, prefix_at, put_winners, score_key, shared_bits
 
 __all__ = ["finish_row"]
 
@@ -57,21 +58,32 @@ def play_key(p_row, sc_row, id_row, j, m, T, V, mode):
 
 @triton.jit
 def play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH: tl.constexpr):
+    # the smallest and largest key of the phase among the candidates in it, and (for the id
+    # phase after a score phase that found every candidate in play tied) the smallest and
+    # largest id key of all candidates in play: one pass over the chunks for both
     lo = tl.full((), 2147483647, tl.int32)
     hi = tl.full((), -2147483648, tl.int32)
+    vlo = lo
+    vhi = hi
     for c0 in range(0, m, CH):
-        x, inm = play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode)
+        mj, o, b, i, s = load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m)
+        x, inm = phase_key(s, i, o, mj, T, V, mode)
         lo = tl.minimum(lo, tl.min(tl.where(inm, x, 2147483647), 0))
         hi = tl.maximum(hi, tl.max(tl.where(inm, x, -2147483648), 0))
-    return lo, hi
+        if mode == 0:
+            v = 2147483647 - i
+            vlo = tl.minimum(vlo, tl.min(tl.where(mj, v, 2147483647), 0))
+            vhi = tl.maximum(vhi, tl.max(tl.where(mj, v, -2147483648), 0))
+    return lo, hi, vlo, vhi
 
 
 @triton.jit
-def play_hist(p_row, sc_row, id_row, m, T, V, t, p, D: tl.constexpr, mode, CH: tl.constexpr):
+def play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D: tl.constexpr, mode, CH: tl.constexpr):
     h = tl.zeros([1 << D], dtype=tl.int32)
     for c0 in range(0, m, CH):
         x, inm = play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode)
-        h += tl.histogram(digit(x, p, D), 1 << D, mask=inm & prefix_is(x, t, p, D))
+        y = biased(x)
+        h += tl.histogram(digit_at(y, sh, w), 1 << D, mask=inm & prefix_at(y, t, sh + w))
     return h
 
 
@@ -98,33 +110,41 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
     W = T  # 0: every duplicate (score key T, id key V) is taken
     rem = need
     cnt = m
+    vlo = T
+    vhi = T
+    pure = T  # the score phase found every candidate in play tied (chunks: vlo, vhi hold the id range)
     for mode in range(3):
         if rem < cnt:  # more candidates tie in this phase's key than are wanted
             if RES:
                 x, inm = phase_key(s, i, o, mj, T, V, mode)
                 lo = tl.min(tl.where(inm, x, 2147483647), 0)
                 hi = tl.max(tl.where(inm, x, -2147483648), 0)
+            elif (mode == 1) & (pure != 0):
+                lo = vlo
+                hi = vhi
             else:
-                lo, hi = play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH)
-            t = rem * 0
-            for p in range((32 + D - 1) // D):
-                if rem < cnt:
-                    # every candidate in play shares this digit (and those above): no pass needed
-                    if ((lo ^ hi) >> tl.maximum(32 - D * (p + 1), 0)) == 0:
-                        t = extend(t, digit(hi, p, D), p, D)
-                    else:
-                        if RES:
-                            h = tl.histogram(digit(x, p, D), 1 << D, mask=inm & prefix_is(x, t, p, D))
-                        else:
-                            h = play_hist(p_row, sc_row, id_row, m, T, V, t, p, D, mode, CH)
-                        dd, above_d, cnt = pick_digit(h, rem, 1 << D)
-                        rem = rem - above_d
-                        t = extend(t, dd, p, D)
-                else:  # all of them are wanted: the cutoff is the smallest key with the prefix t
-                    t = extend(t, t * 0, p, D)
-            T = tl.where(mode == 0, t, T)
-            V = tl.where(mode == 1, t, V)
-            W = tl.where(mode == 2, t, W)
+                lo, hi, vlo, vhi = play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH)
+            pure = ((mode == 0) & (lo == hi)).to(tl.int32)
+            # the bits every key of the phase shares: no pass for them; then digits of D bits
+            # from the highest bit that differs down, while more tie than are wanted
+            sh, t = shared_bits(lo, hi)
+            while (sh > 0) & (rem < cnt):
+                w = tl.minimum(sh, D)
+                sh = sh - w
+                if RES:
+                    y = biased(x)
+                    h = tl.histogram(digit_at(y, sh, w), 1 << D, mask=inm & prefix_at(y, t, sh + w))
+                else:
+                    h = play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D, mode, CH)
+                dd, above_d, cnt = pick_digit(h, rem, 1 << D)
+                rem = rem - above_d
+                t = t | (dd.to(tl.int64) << sh)
+            # the cutoff key: the digits found, the bits below them clear (when every candidate
+            # with those digits is wanted, the smallest key that has them)
+            cut = (t - 2147483648).to(tl.int32)
+            T = tl.where(mode == 0, cut, T)
+            V = tl.where(mode == 1, cut, V)
+            W = tl.where(mode == 2, cut, W)
     if RES:
         v = 2147483647 - i
         sel = mj & ((s > T) | ((s == T) & ((v > V) | ((v == V) & ((2147483647 - o) >= W)))))
