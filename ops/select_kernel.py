@@ -177,7 +177,7 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
 
 if _HAVE_TRITON:
     from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
-                        scan_slots, score_key, top_digit, winner_workspace)
+                        scan_slots, score_key, shared_bits, top_digit, winner_workspace)
     from .select_finish import finish_row
 
     @triton.jit
@@ -247,6 +247,87 @@ if _HAVE_TRITON:
         tl.store(p_row + pbase + (incl >> 16) - 1, o, mask=play)
         return wbase + (tot & 0xFFFF), pbase + (tot >> 16)
 
+    @triton.jit
+    def bisect_cut(x, lo, hi, base, need, MODE: tl.constexpr):
+        # the need-th largest key of a phase (need >= 1, at most the candidates in it) whose
+        # smallest and largest keys are lo and hi: bit by bit from the highest bit in which lo
+        # and hi differ (the bits above are shared), each step one count over the tile x.
+        # MODE 0: x = the score keys, the phase a cutoff bin (base: the candidates above it, so
+        # count(x >= c) - base counts the bin's at or above c: no mask tile is held). MODE 1:
+        # x = the ids of the phase's candidates, -1 for the others; the key is the inverted id
+        # 0x7fffffff - id (so the count is of ids <= 0x7fffffff - c). Returns the key.
+        top, t = shared_bits(lo, hi)
+        for j in range(0, top):
+            cand = t | (tl.full((), 1, tl.int64) << (top - 1 - j))
+            c = (cand - 2147483648).to(tl.int32)
+            if MODE == 0:
+                n = tl.sum((x >= c).to(tl.int32), 0) - base
+            else:
+                n = tl.sum(((x >= 0) & (x <= 2147483647 - c)).to(tl.int32), 0)
+            t = tl.where(n >= need, cand, t)
+        return (t - 2147483648).to(tl.int32)
+
+    @triton.jit
+    def inverted_range(x):
+        # the smallest and largest inverted key 0x7fffffff - x of the x >= 0 (ids, positions)
+        return 2147483647 - tl.max(x, 0), 2147483647 - tl.min(tl.where(x >= 0, x, 2147483647), 0)
+
+    @triton.jit
+    def read_keys(sc_row, id_row, o, N):
+        # score keys and ids of a row's candidates at o, read again (.cg: not merged with the
+        # kernel's first read of the row, which would keep that tile live through the finish)
+        b = tl.load(sc_row + o, mask=o < N, other=0.0, volatile=True).to(tl.int32, bitcast=True)
+        i = tl.load(id_row + o, mask=o < N, other=-1, volatile=True)
+        return b, i, score_key(b, i)
+
+    @triton.jit
+    def refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P,
+                   BLOCK: tl.constexpr, KB: tl.constexpr):
+        # the finish of a row that fits the row kernel's register tile when its cutoff bin (the
+        # 12-bit prefix P; above: the candidates above it, in W) holds more candidates than the
+        # finish's registers: instead of passes over the in-play list in chunks, the row is read
+        # again as a tile and the cutoff found on it by bisection: the score key TS among the
+        # bin's candidates; when more tie at TS than are wanted, the id IV among those; when
+        # duplicates of IV tie, the position OP. One tile is held at a time (score keys, then
+        # the ids at TS, then their positions). The bin's winners go to P (their positions),
+        # then to W after the others.
+        tl.store(cnt_ptr + row, nsel)
+        need = nsel - above
+        o = tl.arange(0, BLOCK) + (nsel >> 31)  # (+ 0: not merged with the kernel's positions, kept live to here)
+        b, i, s = read_keys(sc_row, id_row, o, N)  # only s is held
+        on = (s != -2147483648) & (top_digit(s, 12) == P)
+        lo = tl.min(tl.where(on, s, 2147483647), 0)
+        hi = tl.max(tl.where(on, s, -2147483648), 0)
+        TS = bisect_cut(s, lo, hi, above, need, 0)
+        c = tl.sum((s >= TS).to(tl.int32) + ((s > TS).to(tl.int32) << 16), 0)  # a tile holds < 2**16
+        rem = need - ((c >> 16) - above)  # wanted among those at TS
+        tie = (c & 0xFFFF) - (c >> 16)
+        IV = tl.full((), 2147483647, tl.int32)  # rem == tie: every candidate at TS wins
+        OP = IV
+        if rem < tie:
+            # the ids at TS (read again: no id tile is held through the score key's bisection)
+            x = tl.where(s == TS, tl.load(id_row + o, mask=o < N, other=-1, volatile=True), -1)
+            vlo, vhi = inverted_range(x)
+            IV = 2147483647 - bisect_cut(x, vlo, vhi, 0, rem, 1)
+            c = tl.sum(((x >= 0) & (x <= IV)).to(tl.int32) + (((x >= 0) & (x < IV)).to(tl.int32) << 16), 0)
+            rem = rem - (c >> 16)
+            tie = (c & 0xFFFF) - (c >> 16)
+            if rem < tie:  # duplicates (score key TS, id IV): by position
+                x = tl.where(x == IV, o, -1)
+                plo, phi = inverted_range(x)
+                OP = 2147483647 - bisect_cut(x, plo, phi, 0, rem, 1)
+        b, i, s = read_keys(sc_row, id_row, o, N)
+        win = (s != -2147483648) & (top_digit(s, 12) == P)
+        win = win & ((s > TS) | ((s == TS) & ((i < IV) | ((i == IV) & (o <= OP)))))
+        incl, tot = scan_slots(win.to(tl.int32), BLOCK)
+        tl.store(p_row + incl - 1, o, mask=win)
+        tl.debug_barrier()  # P, written by the program's threads, read by others
+        j = tl.arange(0, KB)
+        mj = j < tot
+        oj = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")
+        bj, ij, sj = read_keys(sc_row, id_row, tl.where(mj, oj, N), N)
+        put_winners(wk_row, wv_row, wo_row, above + j, mj, sj, 2147483647 - tl.maximum(ij, 0), bj, oj)
+
     @generic_jit
     def _row_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr,
                     N, K, s_sq, s_iq, s_oi, s_os,
@@ -287,8 +368,15 @@ if _HAVE_TRITON:
                 wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in,
                                             wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
-        finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-                   KB, D, CH, FR1, FR2, BLOCK if RESIDENT else 0)
+        if RESIDENT and FR2 < BLOCK:  # a cutoff bin beyond the finish's registers: refined on the tile
+            if (nsel - above < m) & (m > FR2):
+                refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P, BLOCK, KB)
+            else:
+                finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above,
+                           m, KB, D, CH, FR1, FR2, FR2)
+        else:
+            finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+                       KB, D, CH, FR1, FR2, BLOCK if RESIDENT else 0)
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
