@@ -327,8 +327,8 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
 @pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
 def test_row_mass_tie_in_registers(kind):
     """The row kernel's register tile with a cutoff bin of more candidates than the finish's
-    registers hold (the finish over chunks of the in-play list: the score key, then the id,
-    then the position), at several k and row lengths that are not powers of two."""
+    registers hold (refined on the row read again as a tile: the score key, then the id, then
+    the position), at several k and row lengths that are not powers of two."""
     _require_kernel()
     for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
