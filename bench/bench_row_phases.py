@@ -151,7 +151,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
     if SCAN1D:
         compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row)
     else:
-        sk.compact_tile(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
+        sk.compact_tile(s, b, i, o, P, all_in, 1, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
     if STOP == 3:
         tl.store(cnt_ptr + row, nsel)
     else:

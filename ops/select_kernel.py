@@ -232,16 +232,17 @@ if _HAVE_TRITON:
         return h
 
     @triton.jit
-    def compact_tile(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row, wbase, pbase, T: tl.constexpr):
+    def compact_tile(s, b, i, o, P, all_in, keep, wk_row, wv_row, wo_row, p_row, wbase, pbase, T: tl.constexpr):
         # candidates above the 12-bit cutoff prefix P to W, those on it to P (in play), or to
-        # W too when all of them are needed; one scan for both counts (a tile holds < 2**16),
+        # W too when all of them are needed (all_in), or nowhere (keep 0: the row kernel refines
+        # the bin on its tile, refine_row); one scan for both counts (a tile holds < 2**16),
         # slots in the scan's column order (radix.scan_slots)
         u = top_digit(s, 12)
         valid = s != -2147483648
         on = valid & (u == P)
         whole = (u * 0 + all_in) != 0  # all_in as a tensor (a scalar bool in a mask trips the interpreter)
         win = valid & ((u > P) | (on & whole))
-        play = on & (whole == 0)
+        play = on & (whole == 0) & ((u * 0 + keep) != 0)
         incl, tot = scan_slots(win.to(tl.int32) + (play.to(tl.int32) << 16), T)
         put_winners(wk_row, wv_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), b, o)
         tl.store(p_row + pbase + (incl >> 16) - 1, o, mask=play)
@@ -333,7 +334,7 @@ if _HAVE_TRITON:
                     N, K, s_sq, s_iq, s_oi, s_os,
                     BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
-                    ORDER: tl.constexpr):
+                    ORDER: tl.constexpr, REFINE: tl.constexpr):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
@@ -358,22 +359,29 @@ if _HAVE_TRITON:
             above = ab1 + ab2
             P = (d1 << 6) | d2
         all_in = (nsel - above == m).to(tl.int32)
+        # a cutoff bin of more than REFINE candidates in the 16384 tile is refined on the tile
+        # (refine_row), not put in play
+        if RESIDENT and FR2 < BLOCK:
+            refine = (nsel - above < m) & (m > REFINE)
+        else:
+            refine = m < 0
         if RESIDENT:
-            compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
+            compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row,
+                         p_row, 0, 0, BLOCK)
         else:
             wbase = nsel * 0
             pbase = nsel * 0
             for c0 in range(0, N, CHUNK):
                 bc, ic = load_chunk(sc_row, id_row, c0, N, CHUNK)
-                wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in,
+                wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
                                             wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         if RESIDENT and FR2 < BLOCK:  # a cutoff bin beyond the finish's registers: refined on the tile
-            if (nsel - above < m) & (m > FR2):
+            if refine:
                 refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P, BLOCK, KB)
-            else:
+            else:  # (REFINE == FR2: every bin the finish sees fits its registers, no chunks compiled)
                 finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above,
-                           m, KB, D, CH, FR1, FR2, FR2)
+                           m, KB, D, CH, FR1, FR2, FR2 if REFINE == FR2 else 0)
         else:
             finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                        KB, D, CH, FR1, FR2, BLOCK if RESIDENT else 0)
@@ -399,7 +407,7 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           path: str | None = None, order: str | None = None, num_warps: int | None = None,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
-                          staged: dict | None = None):
+                          refine: int | None = None, staged: dict | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
@@ -408,7 +416,9 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     capture). ``path``: ``"row"`` or ``"staged"`` (default
     ``choose_path``). ``order``: the final ordering, ``"rank"`` or ``"sort"`` (default by Q,
     ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``chunk``,
-    ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5); of the
+    ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
+    (the 16384 register tile refines a cutoff bin of more candidates than this on the tile,
+    default the finish's register tier, 4096; larger: the finish's chunks up to it); of the
     staged path: ``staged`` (``select_staged.staged_select``'s keywords).
     """
     if not _HAVE_TRITON:
@@ -425,12 +435,12 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         # Triton launches on the current device, whatever device the tensors are on
         with torch.cuda.device(scores.device):
             return triton_ordered_select(scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk,
-                                         resident=resident, radix_bits=radix_bits, staged=staged)
+                                         resident=resident, radix_bits=radix_bits, refine=refine, staged=staged)
     k = int(k)
     q, n = scores.shape
     if not supports(n, k):
         raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
-    row_opts = (num_warps, chunk, resident, radix_bits)
+    row_opts = (num_warps, chunk, resident, radix_bits, refine)
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     if path is None:  # an option of one path asks for that path; else the dispatcher decides
         if any(o is not None for o in row_opts):
@@ -464,9 +474,12 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
     fr1, fr2 = select_staged.finish_tiers(False, 0)
+    refine = fr2 if refine is None else int(refine)
+    if refine < 0:
+        raise ValueError(f"refine must be >= 0, got {refine}")
     _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0),
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
-                      D=radix_bits, CH=2048, FR1=fr1, FR2=fr2, ORDER=fused,
+                      D=radix_bits, CH=2048, FR1=fr1, FR2=fr2, ORDER=fused, REFINE=min(refine, RESIDENT_MAX),
                       num_warps=nw)
     if fused:
         return out_ids, out_sc

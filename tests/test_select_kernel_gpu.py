@@ -324,18 +324,32 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
     return scores.contiguous(), ids.contiguous()
 
 
+@pytest.mark.parametrize("refine", [None, 0, 16384], ids=["refine", "refine_all", "chunks"])
 @pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
-def test_row_mass_tie_in_registers(kind):
+def test_row_mass_tie_in_registers(kind, refine):
     """The row kernel's register tile with a cutoff bin of more candidates than the finish's
     registers hold (refined on the row read again as a tile: the score key, then the id, then
-    the position), at several k and row lengths that are not powers of two."""
+    the position), at several k and row lengths that are not powers of two. ``refine`` 0: every
+    cutoff bin not taken whole is refined, however small; 16384: none (the finish's chunks)."""
     _require_kernel()
     for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
-        got = run_kernel(scores, ids, k, path="row")
+        got = run_kernel(scores, ids, k, path="row", **({} if refine is None else dict(refine=refine)))
         check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k}")
         if n == 9000:
             check_equal(got, ref_python(scores, ids, k), f"{kind} python n={n} k={k}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_row_refine_every_bin(kind):
+    """The 16384 register tile's refinement (the cutoff bin's score key, id and position found by
+    bisection on the tile) on every row whose cutoff bin is not taken whole (refine 0), small
+    bins included, at row lengths that are not powers of two."""
+    _require_kernel()
+    for n, k in ((6144, 2048), (16384, 100), (9000, 1)):
+        scores, ids = make_case(kind, 2, n, k, seed=n + k)
+        got = run_kernel(scores, ids, k, path="row", resident=True, refine=0)
+        check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} refine=0")
 
 
 @pytest.mark.parametrize("resident", [True, False], ids=["registers", "chunked"])
