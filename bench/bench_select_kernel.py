@@ -112,8 +112,9 @@ def variants(q: int, n: int) -> dict:
     v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort"),
          # the finish's digit width (radix_bits, default 5)
          "row_d4": dict(radix_bits=4), "row_d6": dict(radix_bits=6), "row_d8": dict(radix_bits=8),
-         # the 16384 tile refines cutoff bins of more than 8192 candidates, or none (the finish's chunks)
-         "row_refine8k": dict(refine=8192), "row_norefine": dict(refine=16384),
+         # the 16384 tile refines cutoff bins of more than 4096 candidates (the finish's registers;
+         # default REFINE_MIN 8192), every bin (no finish compiled), or none (the finish's chunks)
+         "row_refine4k": dict(refine=4096), "row_refine_all": dict(refine=0), "row_norefine": dict(refine=16384),
          "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),
          "staged_d6": dict(path="staged", staged=dict(radix_bits=6)),
          "staged_d8": dict(path="staged", staged=dict(radix_bits=8))}

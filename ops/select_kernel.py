@@ -82,6 +82,7 @@ RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
 STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX candidates
 WIDE_MIN_N = 32768  # row_config: rows of more candidates than this take 32 warps
+REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 
 try:  # Triton is optional: the module must import on CPU-only machines.
@@ -379,6 +380,8 @@ if _HAVE_TRITON:
         if RESIDENT and FR2 < BLOCK:  # a cutoff bin beyond the finish's registers: refined on the tile
             if refine:
                 refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P, BLOCK, KB)
+            elif REFINE == 0:  # every bin refined: no finish compiled
+                tl.store(cnt_ptr + row, nsel)
             else:  # (REFINE == FR2: every bin the finish sees fits its registers, no chunks compiled)
                 finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above,
                            m, KB, D, CH, FR1, FR2, FR2 if REFINE == FR2 else 0)
@@ -418,7 +421,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``chunk``,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
     (the 16384 register tile refines a cutoff bin of more candidates than this on the tile,
-    default the finish's register tier, 4096; larger: the finish's chunks up to it); of the
+    default ``REFINE_MIN``; smaller bins go to the finish, in registers up to 4096, in chunks
+    beyond; 0: every bin refined, no finish compiled); of the
     staged path: ``staged`` (``select_staged.staged_select``'s keywords).
     """
     if not _HAVE_TRITON:
@@ -474,12 +478,13 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
     fr1, fr2 = select_staged.finish_tiers(False, 0)
-    refine = fr2 if refine is None else int(refine)
+    refine = REFINE_MIN if refine is None else int(refine)
     if refine < 0:
         raise ValueError(f"refine must be >= 0, got {refine}")
     _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0),
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
-                      D=radix_bits, CH=2048, FR1=fr1, FR2=fr2, ORDER=fused, REFINE=min(refine, RESIDENT_MAX),
+                      D=radix_bits, CH=2048, FR1=fr1, FR2=fr2, ORDER=fused,
+                      REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
                       num_warps=nw)
     if fused:
         return out_ids, out_sc

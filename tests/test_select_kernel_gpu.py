@@ -329,8 +329,9 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
 def test_row_mass_tie_in_registers(kind, refine):
     """The row kernel's register tile with a cutoff bin of more candidates than the finish's
     registers hold (refined on the row read again as a tile: the score key, then the id, then
-    the position), at several k and row lengths that are not powers of two. ``refine`` 0: every
-    cutoff bin not taken whole is refined, however small; 16384: none (the finish's chunks)."""
+    the position) when it holds more than ``select_kernel.REFINE_MIN``, at several k and row
+    lengths that are not powers of two. ``refine`` 0: every cutoff bin not taken whole is refined,
+    however small (no finish compiled); 16384: none (the finish's chunks)."""
     _require_kernel()
     for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
