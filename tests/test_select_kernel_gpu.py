@@ -199,6 +199,10 @@ def test_small_against_python(kind, n, k, variant):
     """The staged path and the row kernel's tiles (keys in registers / chunks re-read, with 16
     or 32 warps) against a plain sort."""
     _require_kernel()
+    if INTERPRET and variant == "staged_rank16" and k > 1024:
+        # 128 rank steps of 16 columns: 4-29 s a case in Triton's interpreter (about 90 s of CI's
+        # subset); the GPU runs it, the interpreter runs this variant at the other sizes
+        pytest.skip("interpreter: staged_rank16 at k > 1024 runs on the GPU only")
     scores, ids = make_case(kind, 2, n, k, seed=7)
     got = run_kernel(scores, ids, k, **VARIANTS[variant])
     check_equal(got, ref_python(scores, ids, k), f"{kind} n={n} k={k} {variant}")
