@@ -551,6 +551,12 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError, match="chunk"):  # not a power of two
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      chunk=1000)
+        with pytest.raises(ValueError, match="refine"):
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     refine=-1)
+        with pytest.raises(ValueError, match="row kernel options"):  # refine is the row kernel's
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     path="staged", refine=0)
     assert not sk.supports(sk.MAX_CANDIDATES + 1, 1)
     assert not sk.supports(16, sk.MAX_K + 1)
     assert sk.supports(16 * 2048, 2048)
