@@ -37,7 +37,10 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   column totals), so the lists are in column order, which no reader depends on.
 * Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
   in-play list on the score key, then the id, then the position, appends the still-needed
-  winners to ``W``.
+  winners to ``W``. The 16384 tile refines a cutoff bin of more than ``REFINE_MIN`` candidates
+  on the tile instead (``refine_row``: the same three keys by bisection, one count over the
+  tile a bit; such a bin is not put in play): a mass tie, such as a short context padded with
+  ``-inf`` scores and valid ids.
 * Ordering in the same program (``radix.order_row``): bucket rank of the winners (offsets,
   sizes and the members' keys from registers, ``tl.gather``), so no ``torch.sort`` runs after
   the kernel.
