@@ -15,7 +15,9 @@ still-needed winners among the ``m`` candidates of ``P`` and appends them to ``W
   ``0x7fffffff - position``, so duplicates are taken in position order.
 
 Random scores leave a few hundred candidates in play at 16384 a row; a mass tie puts the
-whole tie group in play (the chunked tier).
+whole tie group in play (the chunked tier). When the score phase finds every candidate in play
+at one score key (a pure tie: a padded row's ``-inf``), the later phases' chunked passes read
+the ids only, not the scores (one gather a candidate a pass instead of two).
 
 Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).
 """
@@ -30,34 +32,38 @@ __all__ = ["finish_row"]
 
 
 @triton.jit
-def load_play(p_row, sc_row, id_row, j, m):
-    # the in-play candidates at slots j of P: mask, position, score bits, id, score key
+def load_play(p_row, sc_row, id_row, j, m, tied=0):
+    # the in-play candidates at slots j of P: mask, position, score bits, id, score key (tied:
+    # every candidate in play has one score key, which the caller knows: the scores are not
+    # read, and the key returned is meaningless)
     mj = j < m
     o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P is written by other programs
-    b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
+    b = tl.load(sc_row + o, mask=mj & ((j * 0 + tied) == 0), other=0.0).to(tl.int32, bitcast=True)  # (a tensor
+    # mask: a scalar bool in a mask trips the interpreter)
     i = tl.load(id_row + o, mask=mj, other=0)
     return mj, o, b, i, score_key(b, i)
 
 
 @triton.jit
-def phase_key(s, i, o, mj, T, V, mode):
+def phase_key(s, i, o, mj, T, V, mode, tied=0):
     # the radix key of a finish phase and whether a candidate takes part in it (mode, a
     # runtime value: 0 the score key; 1 the inverted id among score key T; 2 the inverted
-    # position among score key T and inverted id V)
+    # position among score key T and inverted id V; tied: every candidate in play has score
+    # key T, so s is not looked at)
     v = 2147483647 - i
     x = tl.where(mode == 0, s, tl.where(mode == 1, v, 2147483647 - o))
-    inm = mj & ((mode == 0) | (s == T)) & ((mode <= 1) | (v == V))
+    inm = mj & ((mode == 0) | (s == T) | ((s * 0 + tied) != 0)) & ((mode <= 1) | (v == V))
     return x, inm
 
 
 @triton.jit
-def play_key(p_row, sc_row, id_row, j, m, T, V, mode):
-    mj, o, b, i, s = load_play(p_row, sc_row, id_row, j, m)
-    return phase_key(s, i, o, mj, T, V, mode)
+def play_key(p_row, sc_row, id_row, j, m, T, V, mode, tied):
+    mj, o, b, i, s = load_play(p_row, sc_row, id_row, j, m, tied)
+    return phase_key(s, i, o, mj, T, V, mode, tied)
 
 
 @triton.jit
-def play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH: tl.constexpr):
+def play_minmax(p_row, sc_row, id_row, m, T, V, mode, tied, CH: tl.constexpr):
     # the smallest and largest key of the phase among the candidates in it, and (for the id
     # phase after a score phase that found every candidate in play tied) the smallest and
     # largest id key of all candidates in play: one pass over the chunks for both
@@ -66,8 +72,8 @@ def play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH: tl.constexpr):
     vlo = lo
     vhi = hi
     for c0 in range(0, m, CH):
-        mj, o, b, i, s = load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m)
-        x, inm = phase_key(s, i, o, mj, T, V, mode)
+        mj, o, b, i, s = load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, tied)
+        x, inm = phase_key(s, i, o, mj, T, V, mode, tied)
         lo = tl.minimum(lo, tl.min(tl.where(inm, x, 2147483647), 0))
         hi = tl.maximum(hi, tl.max(tl.where(inm, x, -2147483648), 0))
         if mode == 0:
@@ -78,10 +84,10 @@ def play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH: tl.constexpr):
 
 
 @triton.jit
-def play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D: tl.constexpr, mode, CH: tl.constexpr):
+def play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D: tl.constexpr, mode, tied, CH: tl.constexpr):
     h = tl.zeros([1 << D], dtype=tl.int32)
     for c0 in range(0, m, CH):
-        x, inm = play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode)
+        x, inm = play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode, tied)
         y = biased(x)
         h += tl.histogram(digit_at(y, sh, w), 1 << D, mask=inm & prefix_at(y, t, sh + w))
     return h
@@ -113,6 +119,7 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
     vlo = T
     vhi = T
     pure = T  # the score phase found every candidate in play tied (chunks: vlo, vhi hold the id range)
+    tied = T  # the same, kept for the later phases: their chunked passes do not read the scores
     for mode in range(3):
         if rem < cnt:  # more candidates tie in this phase's key than are wanted
             if RES:
@@ -123,8 +130,9 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
                 lo = vlo
                 hi = vhi
             else:
-                lo, hi, vlo, vhi = play_minmax(p_row, sc_row, id_row, m, T, V, mode, CH)
+                lo, hi, vlo, vhi = play_minmax(p_row, sc_row, id_row, m, T, V, mode, tied, CH)
             pure = ((mode == 0) & (lo == hi)).to(tl.int32)
+            tied = tl.where(mode == 0, pure, tied)
             # the bits every key of the phase shares: no pass for them; then digits of D bits
             # from the highest bit that differs down, while more tie than are wanted
             sh, t = shared_bits(lo, hi)
@@ -135,7 +143,7 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
                     y = biased(x)
                     h = tl.histogram(digit_at(y, sh, w), 1 << D, mask=inm & prefix_at(y, t, sh + w))
                 else:
-                    h = play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D, mode, CH)
+                    h = play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D, mode, tied, CH)
                 dd, above_d, cnt = pick_digit(h, rem, 1 << D)
                 rem = rem - above_d
                 t = t | (dd.to(tl.int64) << sh)
