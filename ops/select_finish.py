@@ -32,15 +32,22 @@ __all__ = ["finish_row"]
 
 
 @triton.jit
-def load_play(p_row, sc_row, id_row, j, m, tied=0):
+def load_play(p_row, pi_row, sc_row, id_row, j, m, tied=0, mode=0, PIDS: tl.constexpr = False):
     # the in-play candidates at slots j of P: mask, position, score bits, id, score key (tied:
     # every candidate in play has one score key, which the caller knows: the scores are not
-    # read, and the key returned is meaningless)
+    # read, and the key returned is meaningless). PIDS: P's ids are listed too (pi_row, slot
+    # for slot), read there and not by position; then after a pure tie the id phase (mode 1)
+    # reads that list only, not the positions (the position returned is meaningless)
     mj = j < m
-    o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P is written by other programs
-    b = tl.load(sc_row + o, mask=mj & ((j * 0 + tied) == 0), other=0.0).to(tl.int32, bitcast=True)  # (a tensor
-    # mask: a scalar bool in a mask trips the interpreter)
-    i = tl.load(id_row + o, mask=mj, other=0)
+    if PIDS:
+        i = tl.load(pi_row + j, mask=mj, other=0, cache_modifier=".cg")
+        # (tensor masks: a scalar bool in a mask trips the interpreter)
+        o = tl.load(p_row + j, mask=mj & (((j * 0 + tied) == 0) | ((j * 0 + mode) == 2)), other=0,
+                    cache_modifier=".cg")
+    else:
+        o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P is written by other programs
+        i = tl.load(id_row + o, mask=mj, other=0)
+    b = tl.load(sc_row + o, mask=mj & ((j * 0 + tied) == 0), other=0.0).to(tl.int32, bitcast=True)
     return mj, o, b, i, score_key(b, i)
 
 
@@ -57,13 +64,13 @@ def phase_key(s, i, o, mj, T, V, mode, tied=0):
 
 
 @triton.jit
-def play_key(p_row, sc_row, id_row, j, m, T, V, mode, tied):
-    mj, o, b, i, s = load_play(p_row, sc_row, id_row, j, m, tied)
+def play_key(p_row, pi_row, sc_row, id_row, j, m, T, V, mode, tied, PIDS: tl.constexpr):
+    mj, o, b, i, s = load_play(p_row, pi_row, sc_row, id_row, j, m, tied, mode, PIDS)
     return phase_key(s, i, o, mj, T, V, mode, tied)
 
 
 @triton.jit
-def play_minmax(p_row, sc_row, id_row, m, T, V, mode, tied, CH: tl.constexpr):
+def play_minmax(p_row, pi_row, sc_row, id_row, m, T, V, mode, tied, CH: tl.constexpr, PIDS: tl.constexpr):
     # the smallest and largest key of the phase among the candidates in it, and (for the id
     # phase after a score phase that found every candidate in play tied) the smallest and
     # largest id key of all candidates in play: one pass over the chunks for both
@@ -72,7 +79,7 @@ def play_minmax(p_row, sc_row, id_row, m, T, V, mode, tied, CH: tl.constexpr):
     vlo = lo
     vhi = hi
     for c0 in range(0, m, CH):
-        mj, o, b, i, s = load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, tied)
+        mj, o, b, i, s = load_play(p_row, pi_row, sc_row, id_row, c0 + tl.arange(0, CH), m, tied, mode, PIDS)
         x, inm = phase_key(s, i, o, mj, T, V, mode, tied)
         lo = tl.minimum(lo, tl.min(tl.where(inm, x, 2147483647), 0))
         hi = tl.maximum(hi, tl.max(tl.where(inm, x, -2147483648), 0))
@@ -84,10 +91,11 @@ def play_minmax(p_row, sc_row, id_row, m, T, V, mode, tied, CH: tl.constexpr):
 
 
 @triton.jit
-def play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D: tl.constexpr, mode, tied, CH: tl.constexpr):
+def play_hist(p_row, pi_row, sc_row, id_row, m, T, V, t, sh, w, D: tl.constexpr, mode, tied, CH: tl.constexpr,
+              PIDS: tl.constexpr):
     h = tl.zeros([1 << D], dtype=tl.int32)
     for c0 in range(0, m, CH):
-        x, inm = play_key(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode, tied)
+        x, inm = play_key(p_row, pi_row, sc_row, id_row, c0 + tl.arange(0, CH), m, T, V, mode, tied, PIDS)
         y = biased(x)
         h += tl.histogram(digit_at(y, sh, w), 1 << D, mask=inm & prefix_at(y, t, sh + w))
     return h
@@ -101,16 +109,16 @@ def store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.con
 
 
 @triton.jit
-def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                    KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, RES: tl.constexpr,
-                   FR: tl.constexpr):
+def finish_in_play(sc_row, id_row, p_row, pi_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                   KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, RES: tl.constexpr,
+                   FR: tl.constexpr, PIDS: tl.constexpr):
     # need of the m in-play candidates, appended to W from slot above. Up to three phases
     # (a runtime loop: one copy of the radix select's code), each a radix select over the
     # candidates the previous one left tied: the cutoff score key T, then (ties at T) the id
     # key V, then (duplicates at T, V) the position key W. RES: P is held in FR registers
     # (one load); else every pass re-reads chunks of CH.
     if RES:
-        mj, o, b, i, s = load_play(p_row, sc_row, id_row, tl.arange(0, FR), m)
+        mj, o, b, i, s = load_play(p_row, pi_row, sc_row, id_row, tl.arange(0, FR), m, 0, 0, PIDS)
     T = need * 0
     V = T - 1  # -1: every candidate with score key T is taken
     W = T  # 0: every duplicate (score key T, id key V) is taken
@@ -130,7 +138,7 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
                 lo = vlo
                 hi = vhi
             else:
-                lo, hi, vlo, vhi = play_minmax(p_row, sc_row, id_row, m, T, V, mode, tied, CH)
+                lo, hi, vlo, vhi = play_minmax(p_row, pi_row, sc_row, id_row, m, T, V, mode, tied, CH, PIDS)
             pure = ((mode == 0) & (lo == hi)).to(tl.int32)
             tied = tl.where(mode == 0, pure, tied)
             # the bits every key of the phase shares: no pass for them; then digits of D bits
@@ -143,7 +151,7 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
                     y = biased(x)
                     h = tl.histogram(digit_at(y, sh, w), 1 << D, mask=inm & prefix_at(y, t, sh + w))
                 else:
-                    h = play_hist(p_row, sc_row, id_row, m, T, V, t, sh, w, D, mode, tied, CH)
+                    h = play_hist(p_row, pi_row, sc_row, id_row, m, T, V, t, sh, w, D, mode, tied, CH, PIDS)
                 dd, above_d, cnt = pick_digit(h, rem, 1 << D)
                 rem = rem - above_d
                 t = t | (dd.to(tl.int64) << sh)
@@ -160,7 +168,7 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
     else:
         base = above
         for c0 in range(0, m, CH):
-            mc, oc, bc, ic, sc = load_play(p_row, sc_row, id_row, c0 + tl.arange(0, CH), m)
+            mc, oc, bc, ic, sc = load_play(p_row, pi_row, sc_row, id_row, c0 + tl.arange(0, CH), m, 0, 0, PIDS)
             vc = 2147483647 - ic
             sel = mc & ((sc > T) | ((sc == T) & ((vc > V) | ((vc == V) & ((2147483647 - oc) >= W)))))
             base = store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB)
@@ -169,26 +177,31 @@ def finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, 
 @triton.jit
 def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
-               MMAX: tl.constexpr = 0):
+               MMAX: tl.constexpr = 0, PIDS: tl.constexpr = False):
     # one program: pick the winners still needed among the row's in-play list P (nsel winners,
     # above of them above the cutoff bin, m candidates in it: the row's cutoff scan). Tiers that
     # no row reaches are not compiled: FR1 0, no first register tier (the staged path's rank
     # ordering ranks every cutoff bin that small whole: select_staged.finish_tiers); MMAX: the
     # most candidates a row holds (a register tile's size; 0: any), so no chunks for the row
-    # kernel's 4096 tile
+    # kernel's 4096 tile; PIDS: a row of P holds N positions then N ids (the staged path)
     tl.store(cnt_ptr + row, nsel)
     need = nsel - above
     sc_row = sc_ptr + row * s_sq
     id_row = id_ptr + row * s_iq
-    p_row = p_ptr + row * N
+    if PIDS:
+        p_row = p_ptr + row * (2 * N)
+        pi_row = p_row + N
+    else:
+        p_row = p_ptr + row * N
+        pi_row = p_row
     if need < m:  # (need == m: compact took every candidate of the cutoff bin)
         # register tiers (the smaller that holds P), else chunks re-read on every pass
         if FR1 > 0 and m <= FR1:  # (FR1 0: not compiled)
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, True, FR1)
+            finish_in_play(sc_row, id_row, p_row, pi_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR1, PIDS)
         elif (MMAX > 0 and MMAX <= FR2) or m <= FR2:  # (every row's P fits: no chunks compiled)
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, True, FR2)
+            finish_in_play(sc_row, id_row, p_row, pi_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, True, FR2, PIDS)
         else:
-            finish_in_play(sc_row, id_row, p_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
-                           KB, D, CH, False, FR2)
+            finish_in_play(sc_row, id_row, p_row, pi_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
+                           KB, D, CH, False, FR2, PIDS)

@@ -218,8 +218,11 @@ if _HAVE_TRITON:
             if keep:  # whole records after the winners above the cutoff bin
                 put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB,
                             above + pbase + tl.cumsum(ci, 0) - 1, cut, s, v, b, o)
-            else:  # in play: positions to P
-                tl.store(p_ptr + row * N + pbase + tl.cumsum(ci, 0) - 1, o, mask=cut)
+            else:  # in play: positions to P, and their ids N slots after them (the finish reads
+                # those, not the ids by position)
+                ps = p_ptr + row * (2 * N) + pbase + tl.cumsum(ci, 0) - 1
+                tl.store(ps, o, mask=cut)
+                tl.store(ps + N, i, mask=cut)
         if FUSED:
             if keep == 0:  # (ranked, or the whole bin taken: nothing to finish)
                 # the last program of the row to get here finishes it: a CTA barrier, then one
@@ -230,7 +233,7 @@ if _HAVE_TRITON:
                 if ticket == tl.num_programs(1) - 1:
                     # the cutoff scan above holds for the whole row: the finish reuses it
                     finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
-                               nsel, above, m, KB, D, CH, FR1, FR2)
+                               nsel, above, m, KB, D, CH, FR1, FR2, 0, True)
 
     @generic_jit
     def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
@@ -240,7 +243,7 @@ if _HAVE_TRITON:
         h, nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
         if (nsel - above >= m) | (m > play_max):  # (else the rank kernel ranks the cutoff bin whole)
             finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-                       KB, D, CH, FR1, FR2)
+                       KB, D, CH, FR1, FR2, 0, True)
 
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
@@ -276,7 +279,7 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     ch = 2048 if fin_chunk is None else int(fin_chunk)
     dev = scores.device
     z = torch.zeros((q, zs), dtype=torch.int32, device=dev)
-    wk, wv, wo, cnt, pl = winner_workspace(q, wb, n, dev)
+    wk, wv, wo, cnt, pl = winner_workspace(q, wb, 2 * n, dev)  # P: positions, then ids
     grid_a = (q, -(-n // ca))
     fin = dict(HB=HIST_BITS, ZS=zs, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2)
     _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs,
