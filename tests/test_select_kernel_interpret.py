@@ -9,10 +9,12 @@ finish for the cutoff bin) against the plain-Python and
 the packed-key references, every final ordering after both paths, winners whose keys cluster,
 digit widths, empty rows and bad input, the staged cutoff bin at the rank_play boundary.
 The same kernels run compiled on the GPU machine (the whole of that file). Skipped where Triton
-does not import.
+does not import. With pytest-xdist (the ``test`` extra) the subset runs on two workers: about 190 s
+against 330 serially on CI's two cores.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -30,7 +32,9 @@ def test_selection_kernels_in_the_interpreter(tmp_path):
     pytest.importorskip("triton")
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TRITON_INTERPRET="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
+    workers = min(2, os.cpu_count() or 1)
+    xdist = ["-n", str(workers)] if workers > 1 and importlib.util.find_spec("xdist") else []
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", *xdist,
                         os.path.join(here, "test_select_kernel_gpu.py"), "-k", SUBSET],
                        env=env, capture_output=True, text=True, timeout=1100)
     tail = (r.stdout + r.stderr)[-6000:]
