@@ -33,7 +33,7 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
     z = torch.zeros((q, zs), dtype=torch.int32, device=scores.device)
     if stop == 0:
         return z
-    wk, wv, wo, cnt, pl = radix.winner_workspace(q, wb, 2 * n, scores.device)  # P: positions, then ids
+    wk, wv, wo, cnt, pl = radix.winner_workspace(q, wb, st.play_slots(n), scores.device)
     grid = (q, -(-n // ca))
     fr1, fr2 = st.finish_tiers(binned, pr)
     fin = dict(HB=st.HIST_BITS, ZS=zs, KB=wb, D=5, CH=2048, FR1=fr1, FR2=fr2)

@@ -60,7 +60,8 @@ except Exception:  # pragma: no cover - depends on the machine
     tl = None
     _HAVE_TRITON = False
 
-__all__ = ["staged_select", "plan", "rank_layout", "finish_tiers", "workspace_layout", "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
+__all__ = ["staged_select", "plan", "rank_layout", "finish_tiers", "workspace_layout", "play_slots", "HIST_BITS",
+           "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
 
 HIST_BITS = 12  # width of the first digit: 4096 bins of the global histogram
 RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners (radix.order_winners)
@@ -114,6 +115,12 @@ def finish_tiers(binned: bool, pr: int, fr2: int = FIN_TIERS[1]) -> tuple[int, i
     reaches it, and its code is not compiled (about a fifth of the compact kernel's)."""
     fr1 = min(FIN_TIERS[0], fr2)
     return (0 if binned and pr >= fr1 else fr1), fr2
+
+
+def play_slots(n: int) -> int:
+    """int32 slots of a row of the staged path's in-play list P: ``n`` positions, then ``n``
+    ids (the compact kernel writes both; ``select_finish.finish_row`` ``PIDS`` reads them)."""
+    return 2 * n
 
 
 def workspace_layout(k: int, n: int, binned: bool, pr: int) -> tuple[int, int, int]:
@@ -279,7 +286,7 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     ch = 2048 if fin_chunk is None else int(fin_chunk)
     dev = scores.device
     z = torch.zeros((q, zs), dtype=torch.int32, device=dev)
-    wk, wv, wo, cnt, pl = winner_workspace(q, wb, 2 * n, dev)  # P: positions, then ids
+    wk, wv, wo, cnt, pl = winner_workspace(q, wb, play_slots(n), dev)
     grid_a = (q, -(-n // ca))
     fin = dict(HB=HIST_BITS, ZS=zs, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2)
     _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs,

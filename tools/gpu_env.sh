@@ -5,9 +5,6 @@ OUT=${OUT:-/tmp/tpflare_out}; mkdir -p "$OUT"
 python3 -m pip install --no-deps --no-build-isolation --break-system-packages -e . >/dev/null 2>&1 \
   || python3 -m pip install --no-deps --no-build-isolation -e . >/dev/null 2>&1
 if ! python3 -c "import tpflare" 2>/dev/null; then   # no pip install possible: a symlink shim
-  shim=/tmp/tpflare_shim/tpflare; rm -rf /tmp/tpflare_shim; mkdir -p "$shim"
-  for f in "$PWD"/plugin/*.py; do ln -s "$f" "$shim/"; done
-  for d in ops passes cache; do ln -s "$PWD/$d" "$shim/$d"; done
-  export PYTHONPATH=/tmp/tpflare_shim${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$(bash tools/shim.sh "$PWD" /tmp/tpflare_shim)${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -c "import tpflare, torch, triton; print('tpflare from', tpflare.__file__, 'torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"

@@ -8,8 +8,8 @@
 #
 # `prepare` writes `git archive REF` of each REF into _br/<REF with / as ->, untracked (the
 # folder is added to .git/info/exclude, so name it in `carry`). `run NAME CMD...` runs CMD in
-# _br/NAME (`.` for the working tree itself) with that tree's tpflare first on PYTHONPATH (a
-# symlink shim: tpflare/ -> plugin/*.py, ops, passes, cache), so no install is needed and
+# _br/NAME (`.` for the working tree itself) with that tree's tpflare first on PYTHONPATH
+# (tools/shim.sh), so no install is needed and
 # trees never see each other's code. Keep the copies small: the working tree and the carried
 # folders travel, 64 MiB in all.
 set -euo pipefail
@@ -32,10 +32,7 @@ case "$cmd" in
     name=$1; shift
     tree=$([ "$name" = . ] && echo "$root" || echo "$root/_br/$name")
     [ -d "$tree/plugin" ] || { echo "no tree at $tree (tools/trees.sh prepare first)" >&2; exit 2; }
-    shim=$(mktemp -d "${TMPDIR:-/tmp}/tpflare_shim_${name//./root}_XXXX")
-    mkdir "$shim/tpflare"
-    for f in "$tree"/plugin/*.py; do ln -s "$f" "$shim/tpflare/"; done
-    for d in ops passes cache; do ln -s "$tree/$d" "$shim/tpflare/$d"; done
+    shim=$(bash "$root/tools/shim.sh" "$tree" "$(mktemp -d "${TMPDIR:-/tmp}/tpflare_shim_${name//./root}_XXXX")")
     cd "$tree"
     echo "[trees] $name: $*" >&2
     PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}" "$@" ;;
