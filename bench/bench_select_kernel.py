@@ -141,6 +141,10 @@ def variants(q: int, n: int) -> dict:
             v.update(row_w4=dict(resident=True, num_warps=4), row_w16=dict(resident=True, num_warps=16))
         v.update(row_c16=dict(resident=False, num_warps=16, chunk=4096),
                  row_c32=dict(resident=False, num_warps=32, chunk=8192))
+    if q > 4 and n > 16384:  # rows re-read in chunks: without the sampled cutoff (the histogram passes)
+        v["row_nosample"] = dict(resident=False, sample=0)
+    if q > 4 and 4096 < n <= 8192:  # the sampled cutoff where row_config reads chunks but sample_config does not
+        v["row_sample1k"] = dict(resident=False, sample=1024, sample_cap=4096)
     return v
 
 

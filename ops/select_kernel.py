@@ -73,7 +73,7 @@ import torch
 
 from . import select_staged
 
-__all__ = ["available", "supports", "choose_path", "row_config", "launch_plan", "precompile", "triton_ordered_select",
+__all__ = ["available", "supports", "choose_path", "row_config", "sample_config", "launch_plan", "precompile", "triton_ordered_select",
            "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
 
 log = logging.getLogger("tpflare.select_kernel")
@@ -87,6 +87,9 @@ STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX 
 WIDE_MIN_N = 32768  # row_config: rows of more candidates than this take 32 warps
 REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
+SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
+SAMPLE_CAP = 8192  # and keep at most this many at or above it (a register tile); else the histogram passes
+SAMPLE_BITS = 16  # the sampled cutoff's bits found by bisection (from the highest bit in which the samples differ)
 
 try:  # Triton is optional: the module must import on CPU-only machines.
     import triton
@@ -177,6 +180,31 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     if not resident:
         block = chunk  # the tile a pass holds: one chunk
     return int(block), int(num_warps), chunk, bool(resident)
+
+
+def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, int]:
+    """(candidates sampled a row, tile kept) of the row kernel's sampled cutoff; (0, 0): none.
+
+    Rows re-read in chunks beyond ``RESIDENT_MAX`` (by default) first read ``SAMPLE`` evenly
+    spaced candidates and take a score key ``T`` that enough of them reach that, very likely, at
+    least ``min(k, valid)`` of the row's candidates do (about ``k + 4 sd + 8 N / SAMPLE``; see
+    ``sample_cutoff``); one pass keeps the positions of those at or above ``T``, and when they
+    number at most ``SAMPLE_CAP`` and at least ``min(k, valid)`` the selection runs on them as a
+    register tile: one pass over the row instead of three (two histogram passes and the
+    compaction). Otherwise (a mass tie at the cutoff; an unlucky or adversarial sample; the pass
+    stops as soon as more than ``SAMPLE_CAP`` are found) the row takes the histogram passes.
+    The ids are exact either way: the sample only decides how fast."""
+    for name, v in (("sample", sample), ("sample_cap", cap)):
+        if v is not None and int(v) != 0 and (int(v) < 16 or int(v) > 16384 or int(v) & (int(v) - 1)):
+            raise ValueError(f"{name} must be a power of two in 16..16384 (sample: or 0), got {v}")
+    if cap is not None and int(cap) == 0:
+        raise ValueError("sample_cap must be a power of two in 16..16384, got 0")
+    if resident:
+        if sample:
+            raise ValueError("sample needs a row re-read in chunks (resident=False)")
+        return 0, 0
+    sample = (SAMPLE if n > RESIDENT_MAX else 0) if sample is None else int(sample)
+    return (sample, SAMPLE_CAP if cap is None else int(cap)) if sample else (0, 0)
 
 
 if _HAVE_TRITON:
@@ -278,6 +306,63 @@ if _HAVE_TRITON:
         return 2147483647 - tl.max(x, 0), 2147483647 - tl.min(tl.where(x >= 0, x, 2147483647), 0)
 
     @triton.jit
+    def sample_cutoff(sc_row, id_row, N, K, S: tl.constexpr, SB: tl.constexpr):
+        # a score key T such that, very likely, at least min(K, valid) of the row's candidates
+        # have a key >= T and not many more: S evenly spaced candidates are read, and r of them
+        # (K S / N expected above the row's K-th key, plus 4 standard deviations and 8) must
+        # reach T: T <= the r-th largest sampled key (its SB highest bits from the highest bit
+        # in which the sampled keys differ, by bisection; the bits below clear). Fewer than r
+        # valid samples: the lowest valid key (every valid candidate). Any T gives exact ids;
+        # the caller checks the count.
+        o = (tl.arange(0, S) * N) // S
+        b = tl.load(sc_row + o, mask=o < N, other=0.0).to(tl.int32, bitcast=True)
+        i = tl.load(id_row + o, mask=o < N, other=-1)
+        s = score_key(b, i)
+        valid = s != -2147483648
+        nv = tl.sum(valid.to(tl.int32), 0)
+        rf = (tl.full((), 0.0, tl.float32) + K) * S / (tl.full((), 0.0, tl.float32) + N)
+        r = (rf + 4.0 * tl.sqrt(rf) + 8.0).to(tl.int32) + 1
+        top, t = shared_bits(tl.min(tl.where(valid, s, 2147483647), 0), tl.max(s, 0))
+        for j in range(0, SB):
+            bit = top - 1 - j
+            cand = t | (tl.full((), 1, tl.int64) << tl.maximum(bit, 0))
+            n = tl.sum((s >= (cand - 2147483648).to(tl.int32)).to(tl.int32), 0)
+            t = tl.where((bit >= 0) & (n >= r), cand, t)
+        return tl.where(nv >= r, (t - 2147483648).to(tl.int32), -2147483647)
+
+    @triton.jit
+    def sample_pass(sc_row, id_row, sb_row, N, T, CHUNK: tl.constexpr, CAP: tl.constexpr):
+        # the positions of the row's candidates with score key >= T (T > the invalid key) to
+        # sb_row, while they number at most CAP: one pass over the chunks, which stops once more
+        # than CAP are found. Returns how many were found (> CAP: stopped) and how many valid
+        # candidates the pass read (the row's, when it did not stop)
+        cnt = T * 0
+        nv = T * 0
+        c0 = T * 0
+        while (c0 < N) & (cnt <= CAP):
+            b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
+            s = score_key(b, i)
+            sel = s >= T
+            incl, tot = scan_slots(sel.to(tl.int32) + ((s != -2147483648).to(tl.int32) << 16), CHUNK)
+            slot = cnt + (incl & 0xFFFF) - 1
+            tl.store(sb_row + slot, c0 + tl.arange(0, CHUNK), mask=sel & (slot < CAP))
+            cnt += tot & 0xFFFF
+            nv += tot >> 16
+            c0 += CHUNK
+        return cnt, nv
+
+    @triton.jit
+    def sampled_tile(sc_row, id_row, sb_row, cnt, CAP: tl.constexpr):
+        # the cnt candidates sample_pass kept, as a register tile of CAP (positions, score bits,
+        # ids, score keys; the lanes past cnt invalid)
+        j = tl.arange(0, CAP)
+        mj = j < cnt
+        o = tl.load(sb_row + j, mask=mj, other=0, cache_modifier=".cg")  # written by the program's other threads
+        b = tl.load(sc_row + o, mask=mj, other=0.0).to(tl.int32, bitcast=True)
+        i = tl.load(id_row + o, mask=mj, other=-1)
+        return o, b, i, score_key(b, i)
+
+    @triton.jit
     def read_keys(sc_row, id_row, o, N):
         # score keys and ids of a row's candidates at o, read again (.cg: not merged with the
         # kernel's first read of the row, which would keep that tile live through the finish)
@@ -334,15 +419,19 @@ if _HAVE_TRITON:
         put_winners(wk_row, wv_row, wo_row, above + j, mj, sj, 2147483647 - tl.maximum(ij, 0), bj, oj)
 
     @generic_jit
-    def _row_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr,
+    def _row_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, sb_ptr, hit_ptr,
                     N, K, s_sq, s_iq, s_oi, s_os,
                     BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
-                    ORDER: tl.constexpr, REFINE: tl.constexpr):
+                    ORDER: tl.constexpr, REFINE: tl.constexpr, SAMPLE: tl.constexpr = 0, CAP: tl.constexpr = 16,
+                    SB: tl.constexpr = 16, HITS: tl.constexpr = False):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
-        # the still-needed winners in P; ORDER: the program orders its winners too
+        # the still-needed winners in P; ORDER: the program orders its winners too. SAMPLE
+        # (chunks only): first a sampled cutoff (sample_config), whose kept candidates (sb_ptr,
+        # CAP a row), when they hold the row's winners, replace the histogram passes and the
+        # compaction pass by a register tile; HITS: hit_ptr[row] = 1 where they did, else 0
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -354,31 +443,45 @@ if _HAVE_TRITON:
             b, i = load_chunk(sc_row, id_row, 0, N, BLOCK)
             s = score_key(b, i)
             nsel, P, above, m = cutoff_search(s, K)
-        else:  # every pass re-reads the row: two passes, not twelve
-            h1 = chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
-            nsel = tl.minimum(tl.sum(h1, 0), K)
-            d1, ab1, _ = pick_digit(h1, nsel, 64)
-            h2 = chunk_hist(sc_row, id_row, N, d1, CHUNK, 1)
-            d2, ab2, m = pick_digit(h2, nsel - ab1, 64)
-            above = ab1 + ab2
-            P = (d1 << 6) | d2
-        all_in = (nsel - above == m).to(tl.int32)
-        # a cutoff bin of more than REFINE candidates in the 16384 tile is refined on the tile
-        # (refine_row), not put in play
-        if RESIDENT and FR2 < BLOCK:
-            refine = (nsel - above < m) & (m > REFINE)
-        else:
-            refine = m < 0
-        if RESIDENT:
+            all_in = (nsel - above == m).to(tl.int32)
+            # a cutoff bin of more than REFINE candidates in the 16384 tile is refined on the
+            # tile (refine_row), not put in play
+            if FR2 < BLOCK:
+                refine = (nsel - above < m) & (m > REFINE)
+            else:
+                refine = m < 0
             compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row,
                          p_row, 0, 0, BLOCK)
-        else:
-            wbase = nsel * 0
-            pbase = nsel * 0
-            for c0 in range(0, N, CHUNK):
-                bc, ic = load_chunk(sc_row, id_row, c0, N, CHUNK)
-                wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
-                                            wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
+        else:  # every pass re-reads the row
+            fast = 0
+            if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
+                sb_row = sb_ptr + row * CAP
+                T = sample_cutoff(sc_row, id_row, N, K, SAMPLE, SB)
+                cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, CHUNK, CAP)
+                fast = (cnt <= CAP) & (cnt >= tl.minimum(K, nv))
+                if HITS:
+                    tl.store(hit_ptr + row, fast.to(tl.int32))
+                tl.debug_barrier()  # sb_row, written by the program's threads, read by others
+            if SAMPLE > 0 and fast:  # one register tile of at most CAP: every candidate at or above T
+                o, b, i, s = sampled_tile(sc_row, id_row, sb_row, cnt, CAP)
+                nsel, P, above, m = cutoff_search(s, K)
+                all_in = (nsel - above == m).to(tl.int32)
+                compact_tile(s, b, i, o, P, all_in, 1, wk_row, wv_row, wo_row, p_row, 0, 0, CAP)
+            else:  # two histogram passes (not twelve), then the compaction pass
+                h1 = chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
+                nsel = tl.minimum(tl.sum(h1, 0), K)
+                d1, ab1, _ = pick_digit(h1, nsel, 64)
+                h2 = chunk_hist(sc_row, id_row, N, d1, CHUNK, 1)
+                d2, ab2, m = pick_digit(h2, nsel - ab1, 64)
+                above = ab1 + ab2
+                P = (d1 << 6) | d2
+                all_in = (nsel - above == m).to(tl.int32)
+                wbase = nsel * 0
+                pbase = nsel * 0
+                for c0 in range(0, N, CHUNK):
+                    bc, ic = load_chunk(sc_row, id_row, c0, N, CHUNK)
+                    wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
+                                                wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         if RESIDENT and FR2 < BLOCK:  # a cutoff bin beyond the finish's registers: refined on the tile
             if refine:
@@ -403,7 +506,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
     if path == "row":  # the row kernel orders its own winners
-        return (path, kb, "bucket") + row_config(n, q)
+        cfg = row_config(n, q)
+        return (path, kb, "bucket") + cfg + sample_config(n, cfg[3])
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
     tile = select_staged.rank_tile(q, kb, n_sm, True) if order == "rank" else ()
     tiers = select_staged.finish_tiers(*select_staged.rank_layout(q, kb))
@@ -413,7 +517,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           path: str | None = None, order: str | None = None, num_warps: int | None = None,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
-                          refine: int | None = None, staged: dict | None = None):
+                          refine: int | None = None, sample: int | None = None, sample_cap: int | None = None,
+                          sample_hits: torch.Tensor | None = None, staged: dict | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
@@ -425,7 +530,10 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
     (the 16384 register tile refines a cutoff bin of more candidates than this on the tile,
     default ``REFINE_MIN``; smaller bins go to the finish, in registers up to 4096, in chunks
-    beyond; 0: every bin refined, no finish compiled); of the
+    beyond; 0: every bin refined, no finish compiled), ``sample`` and ``sample_cap`` (rows re-read
+    in chunks: the sampled cutoff's sample and tile, ``sample_config``; ``sample=0``: none), and
+    ``sample_hits`` (an int32 ``[Q]`` tensor that receives 1 for each row whose sampled cutoff
+    held, 0 for the others; a report, not an option of the selection); of the
     staged path: ``staged`` (``select_staged.staged_select``'s keywords).
     """
     if not _HAVE_TRITON:
@@ -442,12 +550,13 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         # Triton launches on the current device, whatever device the tensors are on
         with torch.cuda.device(scores.device):
             return triton_ordered_select(scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk,
-                                         resident=resident, radix_bits=radix_bits, refine=refine, staged=staged)
+                                         resident=resident, radix_bits=radix_bits, refine=refine, sample=sample,
+                                         sample_cap=sample_cap, sample_hits=sample_hits, staged=staged)
     k = int(k)
     q, n = scores.shape
     if not supports(n, k):
         raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
-    row_opts = (num_warps, chunk, resident, radix_bits, refine)
+    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, sample_hits)
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     if path is None:  # an option of one path asks for that path; else the dispatcher decides
         if any(o is not None for o in row_opts):
@@ -477,18 +586,28 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if path == "staged":
         return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, order=order, **dict(staged or {}))
     block, nw, chunk, resident = row_config(n, q, num_warps, chunk, resident)
+    n_sample, cap = sample_config(n, resident, sample, sample_cap)
+    if sample_hits is not None and (sample_hits.shape != (q,) or sample_hits.dtype != torch.int32
+                                    or sample_hits.device != scores.device or not sample_hits.is_contiguous()):
+        raise ValueError(f"sample_hits must be a contiguous int32 [Q] tensor on {scores.device}")
     fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
+    # the sampled cutoff's kept positions, CAP a row (else a placeholder)
+    sb = torch.empty((q * cap,) if n_sample else (1,), dtype=torch.int32, device=scores.device)
+    if sample_hits is not None and not n_sample:
+        sample_hits.zero_()
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
     fr1, fr2 = select_staged.finish_tiers(False, 0)
     refine = REFINE_MIN if refine is None else int(refine)
     if refine < 0:
         raise ValueError(f"refine must be >= 0, got {refine}")
-    _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0),
+    hits = sample_hits is not None and n_sample > 0
+    _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, sb, sample_hits if hits else sb,
+                      n, k, scores.stride(0), ids.stride(0),
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
                       D=radix_bits, CH=2048, FR1=fr1, FR2=fr2, ORDER=fused,
                       REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
-                      num_warps=nw)
+                      SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order)

@@ -357,6 +357,93 @@ def test_row_refine_every_bin(kind):
         check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} refine=0")
 
 
+# the sampled cutoff of rows re-read in chunks (select_kernel.sample_config): small samples and
+# tiles forced at small rows (several chunks, a row length not a power of two), and the defaults
+# beyond RESIDENT_MAX with 16 and 32 warps
+SAMPLED = {"small": (3001, 64, dict(resident=False, chunk=512, sample=256, sample_cap=1024)),
+           "small_k2048": (6144, 2048, dict(resident=False, chunk=1024, sample=512, sample_cap=4096)),
+           "default16": (20000, 2048, {}), "default32": (40000, 1000, {})}
+# rows whose sampled cutoff must hold (the fast path) or must not (the histogram passes)
+SAMPLED_HITS = {"random": True, "special": True, "equal": False}
+
+
+def _sampled_run(scores, ids, k, opts):
+    dev = _device()
+    hits = torch.full((scores.shape[0],), -7, dtype=torch.int32, device=dev)
+    got = sk.triton_ordered_select(scores.to(dev), ids.to(dev), k, sample_hits=hits, **opts)
+    return got, hits.cpu()
+
+
+@pytest.mark.parametrize("size", list(SAMPLED))
+@pytest.mark.parametrize("kind", KINDS + ["neginf", "one_bin", "nan_pairs"])
+def test_row_sampled_cutoff(kind, size):
+    """The row kernel's sampled cutoff: exact against the packed reference whichever way it goes
+    (the kept candidates hold the winners: a register tile; a mass tie or an unlucky sample: the
+    histogram passes), and it goes the expected way where that is certain (random scores: kept;
+    one score for the whole row: more than the tile, so not)."""
+    _require_kernel()
+    n, k, opts = SAMPLED[size]
+    if kind in KINDS:
+        scores, ids = make_case(kind, 3, n, k, seed=n + k)
+    else:
+        scores, ids = _mass_tie(kind, 3, n, seed=n + k)
+    got, hits = _sampled_run(scores, ids, k, opts)
+    check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} {opts}")
+    assert set(hits.tolist()) <= {0, 1}, hits
+    if kind in SAMPLED_HITS:
+        assert hits.tolist() == [int(SAMPLED_HITS[kind])] * 3, f"{kind} {size}: sampled cutoff held {hits.tolist()}"
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["cap", "cap_plus_one"])
+def test_row_sampled_cutoff_tile_boundary(extra):
+    """Exactly ``sample_cap`` candidates at or above the sampled cutoff fill the tile (kept); one
+    more stops the pass (the histogram passes). The top group holds every sampled position, so
+    the cutoff is its score; the rest of the row is far below it. Both exact."""
+    _require_kernel()
+    n, k, sample, cap = 4096, 1024, 256, 1024  # k = cap: every kept candidate wins
+    g = torch.Generator().manual_seed(11 + extra)
+    ids = (torch.randperm(n, generator=g) * 2 + 1).to(torch.int32).expand(2, n).contiguous()
+    scores = -100.0 - torch.rand(2, n, generator=g) * 100
+    top = torch.zeros(n, dtype=torch.bool)
+    top[(torch.arange(sample) * n) // sample] = True
+    others = (~top).nonzero().flatten()
+    top[others[torch.randperm(others.numel(), generator=g)[: cap + extra - sample]]] = True
+    scores[:, top] = 5.0
+    got, hits = _sampled_run(scores, ids, k, dict(resident=False, chunk=512, sample=sample, sample_cap=cap))
+    check_equal(got, ref_packed(scores, ids, k), f"{cap + extra} at the cutoff")
+    check_equal(got, ref_python(scores, ids, k), f"{cap + extra} at the cutoff, python")
+    assert hits.tolist() == [1 - extra] * 2, hits.tolist()
+
+
+def test_row_sampled_cutoff_unlucky_sample():
+    """The sampled positions hold the row's best scores and little else does, so far fewer than
+    k candidates reach the sampled cutoff: the histogram passes run, exact. A row with fewer
+    valid candidates than k (the cutoff is then the lowest valid key) keeps them all."""
+    _require_kernel()
+    n, k, sample = 20000, 2048, 2048
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randperm(n, generator=g).to(torch.int32).expand(2, n).contiguous()
+    scores = torch.randn(2, n, generator=g)
+    scores[:, (torch.arange(sample) * n) // sample] += 50.0
+    got, hits = _sampled_run(scores, ids, k, {})
+    check_equal(got, ref_packed(scores, ids, k), "unlucky sample")
+    assert hits.tolist() == [0, 0], hits.tolist()
+    few = ids.clone()
+    few[:, 1500:] = -1  # 1500 valid a row, fewer than k
+    got, hits = _sampled_run(scores, few, k, {})
+    check_equal(got, ref_packed(scores, few, k), "fewer valid than k")
+    assert hits.tolist() == [1, 1], hits.tolist()
+
+
+def test_row_sampled_cutoff_rejects_bad_options():
+    _require_kernel()
+    s, i = make_case("random", 2, 3000, 64, seed=1)
+    for opts in (dict(resident=True, sample=256), dict(resident=False, sample=100), dict(resident=False, sample_cap=8),
+                 dict(resident=False, sample=256, sample_hits=torch.zeros(3, dtype=torch.int32))):
+        with pytest.raises(ValueError):
+            run_kernel(s, i, 64, **opts)
+
+
 @pytest.mark.parametrize("resident", [True, False], ids=["registers", "chunked"])
 @pytest.mark.parametrize("bits", [3, 7, 8])
 def test_radix_digit_widths(bits, resident):
@@ -500,7 +587,8 @@ GENERIC = {"staged, fused, rank": [(1, 16384, 2048, 16384), (2, 12000, 1500, 120
            # Q of every residue mod 4 (the workspace's parts must stay 16-byte aligned for all)
            "row, registers, sort": [(20, 9000, 2048, 9000), (33, 12001, 2048, 12001), (100, 16384, 1025, 16384),
                                     (22, 10000, 2048, 10000), (35, 16000, 2048, 16000)],
-           "row, chunks of 4096": [(20, 5000, 2048, 5000), (64, 8192, 2048, 8192), (65, 20000, 2048, 20000)],
+           "row, chunks of 4096": [(20, 5000, 2048, 5000), (64, 8192, 2048, 8192), (65, 6001, 2048, 6001)],
+           "row, chunks of 4096, sampled": [(65, 20000, 2048, 20000), (66, 32768, 1500, 32768), (67, 17001, 2048, 17001)],
            "row, chunks, sort": [(65, 40000, 2048, 40000), (70, 131072, 2048, 131072)]}
 
 

@@ -24,6 +24,8 @@ def test_launch_plans_are_shape_generic():
     assert sk.launch_plan(20, 9000, 2048) == sk.launch_plan(1000, 16384, 2048)
     assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(1000, 8192, 2048)  # chunks of 4096
     assert sk.launch_plan(100, 40000, 2048) == sk.launch_plan(4096, 131072, 2048)
+    assert sk.launch_plan(100, 16385, 2048) == sk.launch_plan(4096, 32768, 2048)  # chunks, sampled cutoff
+    assert sk.launch_plan(100, 16385, 2048) != sk.launch_plan(100, 8192, 2048)  # (not at 4097..8192)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(4, 16384, 2048)  # fused finish up to 3 rows
     assert sk.launch_plan(8, 40000, 2048) != sk.launch_plan(4, 40000, 2048)  # rank ordering up to 4 rows
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4097, 2048)  # register tiles 4096 / 16384
@@ -31,16 +33,30 @@ def test_launch_plans_are_shape_generic():
 
 
 def test_row_tiles():
-    """The row kernel's tile (block, warps, chunk, in registers) by row length and rows, at the
-    H200 crossovers that select_kernel.row_config names."""
-    assert sk.launch_plan(8, 8192, 2048)[3:] == (4096, 16, 4096, False)  # 4097..8192 a row: chunks
-    assert sk.launch_plan(64, 4097, 2048)[3:] == (4096, 16, 4096, False)
-    assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True)
-    assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True)  # up to FEW_ROWS_MAX: 16 warps
-    assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 4, 1024, True)
-    assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False)
-    assert sk.launch_plan(64, 32769, 2048)[3:] == (8192, 32, 8192, False)  # beyond WIDE_MIN_N: 32 warps
-    assert sk.launch_plan(64, 131072, 2048)[3:] == (8192, 32, 8192, False)
+    """The row kernel's tile (block, warps, chunk, in registers; then the sampled cutoff's sample
+    and tile) by row length and rows, at the H200 crossovers that select_kernel.row_config names.
+    Rows re-read in chunks beyond RESIDENT_MAX take the sampled cutoff; rows of 4097..8192 do not."""
+    s = (sk.SAMPLE, sk.SAMPLE_CAP)
+    assert sk.launch_plan(8, 8192, 2048)[3:] == (4096, 16, 4096, False, 0, 0)  # 4097..8192 a row: chunks
+    assert sk.launch_plan(64, 4097, 2048)[3:] == (4096, 16, 4096, False, 0, 0)
+    assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True, 0, 0)
+    assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True, 0, 0)  # up to FEW_ROWS_MAX: 16 warps
+    assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 4, 1024, True, 0, 0)
+    assert sk.launch_plan(64, 16385, 2048)[3:] == (4096, 16, 4096, False) + s
+    assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False) + s
+    assert sk.launch_plan(64, 32769, 2048)[3:] == (8192, 32, 8192, False) + s  # beyond WIDE_MIN_N: 32 warps
+    assert sk.launch_plan(64, 131072, 2048)[3:] == (8192, 32, 8192, False) + s
+
+
+def test_sample_config():
+    """The sampled cutoff's options: powers of two in 16..16384, rows re-read in chunks only."""
+    assert sk.sample_config(20000, False) == (sk.SAMPLE, sk.SAMPLE_CAP)
+    assert sk.sample_config(8192, False) == (0, 0) and sk.sample_config(16384, True) == (0, 0)
+    assert sk.sample_config(5000, False, 256, 1024) == (256, 1024)
+    assert sk.sample_config(40000, False, 0) == (0, 0)
+    for bad in (dict(sample=100), dict(sample=32768), dict(cap=8), dict(cap=0), dict(resident=True, sample=256)):
+        with pytest.raises(ValueError):
+            sk.sample_config(20000, bad.pop("resident", False), bad.get("sample"), bad.get("cap"))
 
 
 def test_limits():

@@ -20,6 +20,7 @@ Triton releases the GIL in parts of its pipeline).
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import subprocess
@@ -38,7 +39,7 @@ from tpflare.ops import select_kernel as sk  # noqa: E402
 from tpflare.ops import select_staged as st  # noqa: E402
 
 _TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr="*i64", wv_ptr="*i32",
-              wo_ptr="*i32", cnt_ptr="*i32", oid_ptr="*i32", osc_ptr="*fp32", key_ptr="*i64", pos_ptr="*i64",
+              wo_ptr="*i32", cnt_ptr="*i32", sb_ptr="*i32", hit_ptr="*i32", oid_ptr="*i32", osc_ptr="*fp32", key_ptr="*i64", pos_ptr="*i64",
               N="i32", K="i32", play_max="i32", s_sq="i32", s_iq="i32", s_oi="i32", s_os="i32")
 _WB, _ZSB, _ = st.workspace_layout(2048, 16384, True, st.RANK_PLAY)  # the binned W of k = 2048
 _W, _ZS, _ = st.workspace_layout(2048, 16384, False, 0)
@@ -63,6 +64,12 @@ KERNELS.update({
                                                                       **_ROW), 16),
     "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, RESIDENT=True, **_ROW), 4),
     "row kernel (chunks)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, **_ROW), 16),
+    "row kernel (wide chunks)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=8192, RESIDENT=False, **_ROW), 32),
+    "row kernel (chunks, sampled)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, SAMPLE=sk.SAMPLE,
+                                                          CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS, **_ROW), 16),
+    "row kernel (wide chunks, sampled)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=8192, RESIDENT=False,
+                                                               SAMPLE=sk.SAMPLE, CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS,
+                                                               **_ROW), 32),
     "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
                                                                      **dict(_R16, ORDER=False)), 16),
 })
@@ -89,6 +96,8 @@ def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict
     """Triton's whole pipeline for ``fn`` at ``consts``; ``stage_seconds`` (a dict) receives the
     seconds of each of the backend's stages (ttir, ttgir, llir, ptx, cubin)."""
     names = fn.arg_names
+    consts = dict({p.name: p.default for p in fn.params  # constexprs left out take their defaults
+                   if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty}, **consts)
     sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
     target = GPUTarget("cuda", arch, 32)
