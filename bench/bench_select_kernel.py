@@ -47,6 +47,8 @@ GRIDS = {
     "staged": [(n, q) for n in (8192, 16384, 32768, 65536, 131072) for q in (1, 2, 4)],  # with --variants
     "small": [(16384, q) for q in (1, 8, 64, 256, 1024)] + [(n, q) for n in (32768, 131072) for q in (1, 64)],
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
+    # rows re-read in chunks (the sampled cutoff), with --variants
+    "sampled": [(n, q) for n in (32768, 65536, 131072) for q in (16, 64, 256, 1024)],
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
     # 8193..16384 (registers), rows around WIDE_MIN_N, the 4096 tile's warps around FEW_ROWS_MAX;
     # with --variants
@@ -142,7 +144,9 @@ def variants(q: int, n: int) -> dict:
         v.update(row_c16=dict(resident=False, num_warps=16, chunk=4096),
                  row_c32=dict(resident=False, num_warps=32, chunk=8192))
     if q > 4 and n > 16384:  # rows re-read in chunks: without the sampled cutoff (the histogram passes)
-        v["row_nosample"] = dict(resident=False, sample=0)
+        v.update(row_nosample=dict(resident=False, sample=0),
+                 row_c16n=dict(resident=False, num_warps=16, chunk=4096, sample=0),
+                 row_c32n=dict(resident=False, num_warps=32, chunk=8192, sample=0))
     if q > 4 and 4096 < n <= 8192:  # the sampled cutoff where row_config reads chunks but sample_config does not
         v["row_sample1k"] = dict(resident=False, sample=1024, sample_cap=4096)
     return v

@@ -312,8 +312,9 @@ if _HAVE_TRITON:
         # (K S / N expected above the row's K-th key, plus 4 standard deviations and 8) must
         # reach T: T <= the r-th largest sampled key (its SB highest bits from the highest bit
         # in which the sampled keys differ, by bisection; the bits below clear). Fewer than r
-        # valid samples: the lowest valid key (every valid candidate). Any T gives exact ids;
-        # the caller checks the count.
+        # valid samples: the lowest valid key (every valid candidate). Returns T and how many
+        # samples reach it (the row's count at or above T, scaled by S / N). Any T gives exact
+        # ids; the caller checks the count.
         o = (tl.arange(0, S) * N) // S
         b = tl.load(sc_row + o, mask=o < N, other=0.0).to(tl.int32, bitcast=True)
         i = tl.load(id_row + o, mask=o < N, other=-1)
@@ -328,7 +329,8 @@ if _HAVE_TRITON:
             cand = t | (tl.full((), 1, tl.int64) << tl.maximum(bit, 0))
             n = tl.sum((s >= (cand - 2147483648).to(tl.int32)).to(tl.int32), 0)
             t = tl.where((bit >= 0) & (n >= r), cand, t)
-        return tl.where(nv >= r, (t - 2147483648).to(tl.int32), -2147483647)
+        T = tl.where(nv >= r, (t - 2147483648).to(tl.int32), -2147483647)
+        return T, tl.sum((s >= T).to(tl.int32), 0)
 
     @triton.jit
     def sample_pass(sc_row, id_row, sb_row, N, T, CHUNK: tl.constexpr, CAP: tl.constexpr):
@@ -456,8 +458,15 @@ if _HAVE_TRITON:
             fast = 0
             if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
                 sb_row = sb_ptr + row * CAP
-                T = sample_cutoff(sc_row, id_row, N, K, SAMPLE, SB)
-                cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, CHUNK, CAP)
+                T, ns = sample_cutoff(sc_row, id_row, N, K, SAMPLE, SB)
+                # no pass where the sample says the tile would overflow by half (a mass tie at the
+                # cutoff: every candidate at the cutoff's score is kept), else one pass that
+                # stops as soon as it overflows
+                cnt = tl.where(2 * ns * N <= 3 * CAP * SAMPLE, 0, CAP + 1)
+                if cnt == 0:
+                    cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, CHUNK, CAP)
+                else:
+                    nv = cnt
                 fast = (cnt <= CAP) & (cnt >= tl.minimum(K, nv))
                 if HITS:
                     tl.store(hit_ptr + row, fast.to(tl.int32))

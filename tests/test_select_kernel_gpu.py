@@ -397,22 +397,26 @@ def test_row_sampled_cutoff(kind, size):
 @pytest.mark.parametrize("extra", [0, 1], ids=["cap", "cap_plus_one"])
 def test_row_sampled_cutoff_tile_boundary(extra):
     """Exactly ``sample_cap`` candidates at or above the sampled cutoff fill the tile (kept); one
-    more stops the pass (the histogram passes). The top group holds every sampled position, so
-    the cutoff is its score; the rest of the row is far below it. Both exact."""
+    more stops the pass (the histogram passes). The top group holds a quarter of the row and of
+    the sampled positions (enough of them that the cutoff is its score, as few as the tile
+    predicts); the rest of the row is far below it; k is half the tile (each row, which of the
+    top group win is decided by their ids). Both exact."""
     _require_kernel()
-    n, k, sample, cap = 4096, 1024, 256, 1024  # k = cap: every kept candidate wins
+    q, n, k, sample, cap = 8, 4096, 512, 256, 1024
     g = torch.Generator().manual_seed(11 + extra)
-    ids = (torch.randperm(n, generator=g) * 2 + 1).to(torch.int32).expand(2, n).contiguous()
-    scores = -100.0 - torch.rand(2, n, generator=g) * 100
+    ids = torch.stack([torch.randperm(n, generator=g) * 2 + 1 for _ in range(q)]).to(torch.int32)
+    scores = -100.0 - torch.rand(q, n, generator=g) * 100
+    sampled = (torch.arange(sample) * n) // sample
     top = torch.zeros(n, dtype=torch.bool)
-    top[(torch.arange(sample) * n) // sample] = True
+    top[sampled[torch.randperm(sample, generator=g)[: sample // 4]]] = True
     others = (~top).nonzero().flatten()
-    top[others[torch.randperm(others.numel(), generator=g)[: cap + extra - sample]]] = True
+    others = others[~torch.isin(others, sampled)]
+    top[others[torch.randperm(others.numel(), generator=g)[: cap + extra - sample // 4]]] = True
     scores[:, top] = 5.0
     got, hits = _sampled_run(scores, ids, k, dict(resident=False, chunk=512, sample=sample, sample_cap=cap))
     check_equal(got, ref_packed(scores, ids, k), f"{cap + extra} at the cutoff")
     check_equal(got, ref_python(scores, ids, k), f"{cap + extra} at the cutoff, python")
-    assert hits.tolist() == [1 - extra] * 2, hits.tolist()
+    assert hits.tolist() == [1 - extra] * q, hits.tolist()
 
 
 def test_row_sampled_cutoff_unlucky_sample():
