@@ -191,9 +191,10 @@ def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, i
     ``sample_cutoff``); one pass keeps the positions of those at or above ``T``, and when they
     number at most ``SAMPLE_CAP`` and at least ``min(k, valid)`` the selection runs on them as a
     register tile: one pass over the row instead of three (two histogram passes and the
-    compaction). Otherwise (a mass tie at the cutoff; an unlucky or adversarial sample; the pass
-    stops as soon as more than ``SAMPLE_CAP`` are found) the row takes the histogram passes.
-    The ids are exact either way: the sample only decides how fast."""
+    compaction). Otherwise (an unlucky or adversarial sample) the row takes the histogram passes
+    after that pass; where the sample itself predicts more than 1.5 ``SAMPLE_CAP`` (a mass tie at
+    the cutoff) it takes them without the pass. The ids are exact either way: the sample only
+    decides how fast."""
     for name, v in (("sample", sample), ("sample_cap", cap)):
         if v is not None and int(v) != 0 and (int(v) < 16 or int(v) > 16384 or int(v) & (int(v) - 1)):
             raise ValueError(f"{name} must be a power of two in 16..16384 (sample: or 0), got {v}")
@@ -335,13 +336,12 @@ if _HAVE_TRITON:
     @triton.jit
     def sample_pass(sc_row, id_row, sb_row, N, T, CHUNK: tl.constexpr, CAP: tl.constexpr):
         # the positions of the row's candidates with score key >= T (T > the invalid key) to
-        # sb_row, while they number at most CAP: one pass over the chunks, which stops once more
-        # than CAP are found. Returns how many were found (> CAP: stopped) and how many valid
-        # candidates the pass read (the row's, when it did not stop)
+        # sb_row, the first CAP of them: one pass over the chunks (a for loop, as the compaction:
+        # no reduction gates the next chunk's loads). Returns how many were found (> CAP: not
+        # all kept) and how many valid candidates the row holds
         cnt = T * 0
         nv = T * 0
-        c0 = T * 0
-        while (c0 < N) & (cnt <= CAP):
+        for c0 in range(0, N, CHUNK):
             b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
             s = score_key(b, i)
             sel = s >= T
@@ -350,7 +350,6 @@ if _HAVE_TRITON:
             tl.store(sb_row + slot, c0 + tl.arange(0, CHUNK), mask=sel & (slot < CAP))
             cnt += tot & 0xFFFF
             nv += tot >> 16
-            c0 += CHUNK
         return cnt, nv
 
     @triton.jit
@@ -460,8 +459,7 @@ if _HAVE_TRITON:
                 sb_row = sb_ptr + row * CAP
                 T, ns = sample_cutoff(sc_row, id_row, N, K, SAMPLE, SB)
                 # no pass where the sample says the tile would overflow by half (a mass tie at the
-                # cutoff: every candidate at the cutoff's score is kept), else one pass that
-                # stops as soon as it overflows
+                # cutoff: every candidate at the cutoff's score is kept)
                 cnt = tl.where(2 * ns * N <= 3 * CAP * SAMPLE, 0, CAP + 1)
                 if cnt == 0:
                     cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, CHUNK, CAP)
