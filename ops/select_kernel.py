@@ -460,7 +460,7 @@ if _HAVE_TRITON:
                 T, ns = sample_cutoff(sc_row, id_row, N, K, SAMPLE, SB)
                 # no pass where the sample says the tile would overflow by half (a mass tie at the
                 # cutoff: every candidate at the cutoff's score is kept)
-                cnt = tl.where(2 * ns * N <= 3 * CAP * SAMPLE, 0, CAP + 1)
+                cnt = tl.where(2 * ns.to(tl.int64) * N <= 3 * CAP * SAMPLE, 0, CAP + 1)
                 if cnt == 0:
                     cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, CHUNK, CAP)
                 else:
