@@ -49,8 +49,10 @@ GRIDS = {
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
     # rows re-read in chunks (the sampled cutoff), with --variants
     "sampled": [(n, q) for n in (32768, 65536, 131072) for q in (16, 64, 256, 1024)],
+    # long rows at few rows: the staged path against the row kernel (choose_path), with --variants
+    "long": [(n, q) for n in (32768, 65536, 131072) for q in (4, 8, 16, 32, 64)],
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
-    # 8193..16384 (registers), rows around WIDE_MIN_N, the 4096 tile's warps around FEW_ROWS_MAX;
+    # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
     # with --variants
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]

@@ -84,7 +84,6 @@ PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
 STAGED_MAX_ROWS_LONG = 32  # and up to this many rows of more than RESIDENT_MAX candidates
-WIDE_MIN_N = 32768  # row_config: rows of more candidates than this take 32 warps
 REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
@@ -148,8 +147,7 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
 
     Register tiles of 4096 or 16384 keys (so a new ``N`` reuses a compiled kernel); else chunks
     re-read from memory: beyond ``RESIDENT_MAX``, and for rows of 4097..8192 candidates (half
-    of a 16384 tile would be padding). Chunks of 4096 with 16 warps; rows of more than
-    ``WIDE_MIN_N`` candidates take 32 warps and chunks of 8192. A chunk is a power of two of at
+    of a 16384 tile would be padding). Chunks of 4096 with 16 warps. A chunk is a power of two of at
     most 16384 candidates (the compaction counts two fields of 16 bits in one scan). The 4096
     register tile takes 16 warps (a row's latency spread over more threads) up to
     ``FEW_ROWS_MAX`` rows, 4 (several programs an SM) beyond.
@@ -158,9 +156,11 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     select_kernel_h200_tiles_*5e5e4c2*.json): at N = 6000 and 8192 the chunks took 0.94-0.98x
     the 16384 register tile's time from 8 to 128 rows (random and tied scores), at N = 12000
     and 16384 1.05-1.11x (tied scores; so not there); at N = 2500 and 4096 16 warps took
-    0.79-0.94x the time of 4 up to 128 rows, 0.99-1.11x from 256. 32 warps (d38c0dd's
-    record): at N >= 65536 0.85-0.97x the 16 warps' (1.02x at N = 65536, Q = 64, random
-    scores); at N = 32768 0.98-1.04x (so not there).
+    0.79-0.94x the time of 4 up to 128 rows, 0.99-1.11x from 256. Rows beyond 32768 took 32
+    warps and chunks of 8192 up to 01c5110 (0.85-0.97x the 16 warps' time with three passes over
+    the row, d38c0dd's record); with the sampled cutoff (``sample_config``) 16 warps take
+    0.43-0.58x the time of 32 (random scores, N = 65536 and 131072, Q = 16-1024; record
+    select_kernel_h200_sampled_*.json), where 32 warps' 64 registers a thread spill.
     """
     if resident is None:
         resident = n <= 4096 or 8192 < n <= RESIDENT_MAX
@@ -173,7 +173,7 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
         if resident:
             num_warps = 16 if block > 4096 or q <= FEW_ROWS_MAX else 4
         else:
-            num_warps = 32 if n > WIDE_MIN_N else 16
+            num_warps = 16
     if chunk is None:
         chunk = 256 * num_warps
     chunk = min(block, int(chunk))
@@ -192,8 +192,8 @@ def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, i
     number at most ``SAMPLE_CAP`` and at least ``min(k, valid)`` the selection runs on them as a
     register tile: one pass over the row instead of three (two histogram passes and the
     compaction). Otherwise (an unlucky or adversarial sample) the row takes the histogram passes
-    after that pass; where the sample itself predicts more than 1.5 ``SAMPLE_CAP`` (a mass tie at
-    the cutoff) it takes them without the pass. The ids are exact either way: the sample only
+    after that pass; where the sample itself predicts more than 3/4 of ``SAMPLE_CAP`` (a mass tie
+    at the cutoff) it takes them without the pass. The ids are exact either way: the sample only
     decides how fast."""
     for name, v in (("sample", sample), ("sample_cap", cap)):
         if v is not None and int(v) != 0 and (int(v) < 16 or int(v) > 16384 or int(v) & (int(v) - 1)):
@@ -458,9 +458,9 @@ if _HAVE_TRITON:
             if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
                 sb_row = sb_ptr + row * CAP
                 T, ns = sample_cutoff(sc_row, id_row, N, K, SAMPLE, SB)
-                # no pass where the sample says the tile would overflow by half (a mass tie at the
-                # cutoff: every candidate at the cutoff's score is kept)
-                cnt = tl.where(2 * ns.to(tl.int64) * N <= 3 * CAP * SAMPLE, 0, CAP + 1)
+                # no pass where the sample says more than 3/4 of the tile would be kept (a mass tie
+                # at the cutoff: every candidate at the cutoff's score is kept)
+                cnt = tl.where(4 * ns.to(tl.int64) * N <= 3 * CAP * SAMPLE, 0, CAP + 1)
                 if cnt == 0:
                     cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, CHUNK, CAP)
                 else:

@@ -188,7 +188,7 @@ VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked
             "staged_finish": dict(staged=dict(rank_play=0)),  # the finish picks every cutoff bin's winners
             "staged_rank16": dict(staged=dict(rank_play=16, rank_cols=16)),  # cutoff bins of <= 16 ranked; short rank steps
             "row_regs": dict(path="row", resident=True),  # the 16384 register tile at N = 6144 (row_config: chunks)
-            "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # the tile of rows beyond WIDE_MIN_N
+            "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # 32 warps, chunks of 8192
             "row_chunk128": dict(resident=False, chunk=128)}  # chunks narrower than radix.SLOT_COLS
 
 
@@ -359,12 +359,14 @@ def test_row_refine_every_bin(kind):
 
 # the sampled cutoff of rows re-read in chunks (select_kernel.sample_config): small samples and
 # tiles forced at small rows (several chunks, a row length not a power of two), and the defaults
-# beyond RESIDENT_MAX with 16 and 32 warps
+# beyond RESIDENT_MAX, and with 32 warps and chunks of 8192
 SAMPLED = {"small": (3001, 64, dict(resident=False, chunk=512, sample=256, sample_cap=1024)),
            "small_k2048": (6144, 2048, dict(resident=False, chunk=1024, sample=512, sample_cap=4096)),
-           "default16": (20000, 2048, {}), "default32": (40000, 1000, {})}
-# rows whose sampled cutoff must hold (the fast path) or must not (the histogram passes)
-SAMPLED_HITS = {"random": True, "special": True, "equal": False}
+           "default": (20000, 2048, {}), "default_k1000": (40000, 1000, {}),
+           "wide": (40000, 2048, dict(resident=False, num_warps=32, chunk=8192))}
+# rows whose sampled cutoff must hold (the fast path) or must not (the histogram passes), by size
+SAMPLED_HITS = {"random": dict.fromkeys(SAMPLED, True), "equal": dict.fromkeys(SAMPLED, False),
+                "special": dict(small=True, default=True, default_k1000=True, wide=True)}
 
 
 def _sampled_run(scores, ids, k, opts):
@@ -390,28 +392,29 @@ def test_row_sampled_cutoff(kind, size):
     got, hits = _sampled_run(scores, ids, k, opts)
     check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} {opts}")
     assert set(hits.tolist()) <= {0, 1}, hits
-    if kind in SAMPLED_HITS:
-        assert hits.tolist() == [int(SAMPLED_HITS[kind])] * 3, f"{kind} {size}: sampled cutoff held {hits.tolist()}"
+    if size in SAMPLED_HITS.get(kind, {}):
+        want = int(SAMPLED_HITS[kind][size])
+        assert hits.tolist() == [want] * 3, f"{kind} {size}: sampled cutoff held {hits.tolist()}"
 
 
 @pytest.mark.parametrize("extra", [0, 1], ids=["cap", "cap_plus_one"])
 def test_row_sampled_cutoff_tile_boundary(extra):
     """Exactly ``sample_cap`` candidates at or above the sampled cutoff fill the tile (kept); one
-    more stops the pass (the histogram passes). The top group holds a quarter of the row and of
-    the sampled positions (enough of them that the cutoff is its score, as few as the tile
-    predicts); the rest of the row is far below it; k is half the tile (each row, which of the
-    top group win is decided by their ids). Both exact."""
+    more stops the pass (the histogram passes). The top group holds a quarter of the row and 3/16
+    of the sampled positions (enough of them that the cutoff is its score, few enough that the
+    sample predicts 3/4 of the tile); the rest of the row is far below it; k is a quarter of the
+    tile (each row, which of the top group win is decided by their ids). Both exact."""
     _require_kernel()
-    q, n, k, sample, cap = 8, 4096, 512, 256, 1024
+    q, n, k, sample, cap = 16, 4096, 256, 256, 1024
     g = torch.Generator().manual_seed(11 + extra)
     ids = torch.stack([torch.randperm(n, generator=g) * 2 + 1 for _ in range(q)]).to(torch.int32)
     scores = -100.0 - torch.rand(q, n, generator=g) * 100
     sampled = (torch.arange(sample) * n) // sample
     top = torch.zeros(n, dtype=torch.bool)
-    top[sampled[torch.randperm(sample, generator=g)[: sample // 4]]] = True
+    top[sampled[torch.randperm(sample, generator=g)[: sample * 3 // 16]]] = True
     others = (~top).nonzero().flatten()
     others = others[~torch.isin(others, sampled)]
-    top[others[torch.randperm(others.numel(), generator=g)[: cap + extra - sample // 4]]] = True
+    top[others[torch.randperm(others.numel(), generator=g)[: cap + extra - sample * 3 // 16]]] = True
     scores[:, top] = 5.0
     got, hits = _sampled_run(scores, ids, k, dict(resident=False, chunk=512, sample=sample, sample_cap=cap))
     check_equal(got, ref_packed(scores, ids, k), f"{cap + extra} at the cutoff")

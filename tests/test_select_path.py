@@ -44,8 +44,8 @@ def test_row_tiles():
     assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 4, 1024, True, 0, 0)
     assert sk.launch_plan(64, 16385, 2048)[3:] == (4096, 16, 4096, False) + s
     assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False) + s
-    assert sk.launch_plan(64, 32769, 2048)[3:] == (8192, 32, 8192, False) + s  # beyond WIDE_MIN_N: 32 warps
-    assert sk.launch_plan(64, 131072, 2048)[3:] == (8192, 32, 8192, False) + s
+    assert sk.launch_plan(64, 32769, 2048)[3:] == (4096, 16, 4096, False) + s
+    assert sk.launch_plan(64, 131072, 2048)[3:] == (4096, 16, 4096, False) + s
 
 
 def test_sample_config():
