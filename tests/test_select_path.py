@@ -6,14 +6,15 @@ from tpflare.ops import select_kernel as sk
 
 
 def test_path_policy():
-    """The staged path for few rows, and for up to 32 rows of more candidates than the row
+    """The staged path for few rows, and for up to 8 rows of more candidates than the row
     kernel holds in registers; the row kernel beyond."""
     assert sk.choose_path(1, 16384, 2048, 132) == "staged"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"
     assert sk.choose_path(5, 16384, 2048, 132) == "row"
     assert sk.choose_path(64, 16384, 2048, 132) == "row"
-    assert sk.choose_path(32, 32768, 2048, 132) == "staged"
-    assert sk.choose_path(33, 32768, 2048, 132) == "row"
+    assert sk.choose_path(8, 32768, 2048, 132) == "staged"
+    assert sk.choose_path(9, 32768, 2048, 132) == "row"
+    assert sk.choose_path(9, 16384, 2048, 132) == "row"
     assert sk.choose_path(256, 131072, 2048, 132) == "row"
 
 
