@@ -49,6 +49,8 @@ GRIDS = {
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
     # rows re-read in chunks (the sampled cutoff), with --variants
     "sampled": [(n, q) for n in (32768, 65536, 131072) for q in (16, 64, 256, 1024)],
+    # rows of the 16384 register tile at many rows: against chunks with the sampled cutoff, with --variants
+    "mid": [(n, q) for n in (12000, 16384) for q in (64, 256, 1024, 2048, 4096)],
     # long rows at few rows: the staged path against the row kernel (choose_path), with --variants
     "long": [(n, q) for n in (32768, 65536, 131072) for q in (4, 8, 16, 32, 64)],
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
@@ -151,6 +153,8 @@ def variants(q: int, n: int) -> dict:
                  row_c32n=dict(resident=False, num_warps=32, chunk=8192, sample=0))
     if q > 4 and 4096 < n <= 8192:  # the sampled cutoff where row_config reads chunks but sample_config does not
         v["row_sample1k"] = dict(resident=False, sample=1024, sample_cap=4096)
+    if q > 4 and 8192 < n <= 16384:  # chunks with the sampled cutoff where row_config holds the row in registers
+        v["row_sampled"] = dict(resident=False, sample=2048)
     return v
 
 
