@@ -310,15 +310,20 @@ if _HAVE_TRITON:
         return 2147483647 - tl.max(x, 0), 2147483647 - tl.min(tl.where(x >= 0, x, 2147483647), 0)
 
     @triton.jit
-    def sample_cutoff(sc_row, id_row, N, K, S: tl.constexpr, SB: tl.constexpr):
-        # a score key T such that, very likely, at least min(K, valid) of the row's candidates
-        # have a key >= T and not many more: S evenly spaced candidates are read, and r of them
-        # (K S / N expected above the row's K-th key, plus 4 standard deviations and 8) must
-        # reach T: T <= the r-th largest sampled key (its SB highest bits from the highest bit
-        # in which the sampled keys differ, by bisection; the bits below clear). Fewer than r
-        # valid samples: the lowest valid key (every valid candidate). Returns T and how many
-        # samples reach it (the row's count at or above T, scaled by S / N). Any T gives exact
-        # ids; the caller checks the count.
+    def sample_cutoff(sc_row, id_row, N, K, CAP, S: tl.constexpr, SB: tl.constexpr):
+        # a cutoff (score key T, id V) such that, very likely, at least min(K, valid) of the
+        # row's candidates come first in the order down to (T, V) (score key > T, or = T with
+        # id <= V), and not many more: S evenly spaced candidates are read, and r of them (K S / N
+        # expected before the row's K-th, plus 4 standard deviations and 8) must reach it. First
+        # T <= the r-th largest sampled score key (its SB highest bits from the highest bit in
+        # which the sampled keys differ, by bisection; the bits below clear), V = INT_MAX. When
+        # the samples at or above T predict more than 3/4 of the tile (a mass tie at the cutoff
+        # score: a padded short context, quantised scores), T is the r-th largest sampled score
+        # key exactly and V the id that the samples tied at T need (both by bisection), so that a
+        # tie is cut by id as the order cuts it. Fewer than r valid samples: T the lowest valid
+        # key (every valid candidate). Returns T, V and whether the samples reaching them still
+        # predict more than 3/4 of the tile (duplicate ids at the cutoff). Any cutoff gives
+        # exact ids; the caller checks the count.
         o = (tl.arange(0, S) * N) // S
         b = tl.load(sc_row + o, mask=o < N, other=0.0).to(tl.int32, bitcast=True)
         i = tl.load(id_row + o, mask=o < N, other=-1)
@@ -327,27 +332,40 @@ if _HAVE_TRITON:
         nv = tl.sum(valid.to(tl.int32), 0)
         rf = (tl.full((), 0.0, tl.float32) + K) * S / (tl.full((), 0.0, tl.float32) + N)
         r = (rf + 4.0 * tl.sqrt(rf) + 8.0).to(tl.int32) + 1
-        top, t = shared_bits(tl.min(tl.where(valid, s, 2147483647), 0), tl.max(s, 0))
+        lo = tl.min(tl.where(valid, s, 2147483647), 0)
+        hi = tl.max(s, 0)
+        top, t = shared_bits(lo, hi)
         for j in range(0, SB):
             bit = top - 1 - j
             cand = t | (tl.full((), 1, tl.int64) << tl.maximum(bit, 0))
             n = tl.sum((s >= (cand - 2147483648).to(tl.int32)).to(tl.int32), 0)
             t = tl.where((bit >= 0) & (n >= r), cand, t)
         T = tl.where(nv >= r, (t - 2147483648).to(tl.int32), -2147483647)
-        return T, tl.sum((s >= T).to(tl.int32), 0)
+        V = tl.full((), 2147483647, tl.int32)
+        over = 4 * tl.sum((s >= T).to(tl.int32), 0).to(tl.int64) * N > 3 * CAP * S
+        if over & (nv >= r):  # a mass tie: the cutoff by score key exactly, then by id
+            T = bisect_cut(s, lo, hi, 0, r, 0)
+            x = tl.where(s == T, i, -1)
+            need = r - tl.sum((s > T).to(tl.int32), 0)  # (>= 1: T is the r-th largest)
+            vlo, vhi = inverted_range(x)
+            V = 2147483647 - bisect_cut(x, vlo, vhi, 0, need, 1)
+            kept = tl.sum(((s > T) | ((s == T) & (i <= V))).to(tl.int32), 0)
+            over = 4 * kept.to(tl.int64) * N > 3 * CAP * S
+        return T, V, over
 
     @triton.jit
-    def sample_pass(sc_row, id_row, sb_row, N, T, CHUNK: tl.constexpr, CAP: tl.constexpr):
-        # the positions of the row's candidates with score key >= T (T > the invalid key) to
-        # sb_row, the first CAP of them: one pass over the chunks (a for loop, as the compaction:
-        # no reduction gates the next chunk's loads). Returns how many were found (> CAP: not
-        # all kept) and how many valid candidates the row holds
+    def sample_pass(sc_row, id_row, sb_row, N, T, V, CHUNK: tl.constexpr, CAP: tl.constexpr):
+        # the positions of the row's candidates that come first in the order down to (T, V)
+        # (score key > T, or = T with id <= V; T > the invalid key) to sb_row, the first CAP of
+        # them: one pass over the chunks (a for loop, as the compaction: no reduction gates the
+        # next chunk's loads). Returns how many were found (> CAP: not all kept) and how many
+        # valid candidates the row holds
         cnt = T * 0
         nv = T * 0
         for c0 in range(0, N, CHUNK):
             b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
             s = score_key(b, i)
-            sel = s >= T
+            sel = (s > T) | ((s == T) & (i <= V))
             incl, tot = scan_slots(sel.to(tl.int32) + ((s != -2147483648).to(tl.int32) << 16), CHUNK)
             slot = cnt + (incl & 0xFFFF) - 1
             tl.store(sb_row + slot, c0 + tl.arange(0, CHUNK), mask=sel & (slot < CAP))
@@ -460,12 +478,11 @@ if _HAVE_TRITON:
             fast = 0
             if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
                 sb_row = sb_ptr + row * CAP
-                T, ns = sample_cutoff(sc_row, id_row, N, K, SAMPLE, SB)
-                # no pass where the sample says more than 3/4 of the tile would be kept (a mass tie
-                # at the cutoff: every candidate at the cutoff's score is kept)
-                cnt = tl.where(4 * ns.to(tl.int64) * N <= 3 * CAP * SAMPLE, 0, CAP + 1)
+                T, V, over = sample_cutoff(sc_row, id_row, N, K, CAP, SAMPLE, SB)
+                # no pass where the sample says more than 3/4 of the tile would be kept
+                cnt = tl.where(over, CAP + 1, 0)
                 if cnt == 0:
-                    cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, CHUNK, CAP)
+                    cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, V, CHUNK, CAP)
                 else:
                     nv = cnt
                 fast = (cnt <= CAP) & (cnt >= tl.minimum(K, nv))
