@@ -49,8 +49,9 @@ GRIDS = {
     "large": [(16384, q) for q in (64, 256, 1024, 4096)] + [(65536, q) for q in (256, 1024)],
     # rows re-read in chunks (the sampled cutoff), with --variants
     "sampled": [(n, q) for n in (32768, 65536, 131072) for q in (16, 64, 256, 1024)],
-    # rows of the 16384 register tile at many rows: against chunks with the sampled cutoff, with --variants
-    "mid": [(n, q) for n in (12000, 16384) for q in (64, 256, 1024, 2048, 4096)],
+    # rows of 4097..16384 at many rows: the tiles row_config picks against chunks with the sampled
+    # cutoff (row_sample1k, row_sampled), with --variants
+    "mid": [(n, q) for n in (8192, 12000, 16384) for q in (64, 256, 1024, 4096)],
     # long rows at few rows: the staged path against the row kernel (choose_path), with --variants
     "long": [(n, q) for n in (32768, 65536, 131072) for q in (4, 8, 16, 32, 64)],
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
