@@ -82,8 +82,7 @@ MAX_CANDIDATES = 131072
 MAX_K = 2048
 PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
-STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
-STAGED_MAX_ROWS_LONG = 8  # and up to this many rows of more than RESIDENT_MAX candidates
+STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows
 REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
@@ -124,18 +123,16 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     """The staged path (a row over many programs) or the one-program-a-row kernel.
 
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
-    serving runs the selection): the staged path is faster up to 4 rows, and up to 8 rows when
-    a row does not fit in the row kernel's registers (the row kernel then reads it in chunks,
-    with the sampled cutoff; record select_kernel_h200_long_edb782b.json: at 16 and 32 rows of
-    32768-131072 candidates the row kernel took 0.60-1.01x the staged path's time with random
-    scores and 0.35-1.09x with a padded short context, but 0.80-1.46x with a quarter of the row
-    tied); beyond, the staged path's global histogram (atomics on a few hot bins)
-    costs more. The choice does not depend on whether a stream is capturing, so the first call
-    outside capture compiles what capture will launch.
+    serving runs the selection): the staged path is faster up to 4 rows; beyond, its global
+    histogram (atomics on a few hot bins) costs more. Up to 01c5110 it also took up to 32 rows
+    of more than RESIDENT_MAX candidates; the row kernel reads those in chunks with the sampled
+    cutoff (``sample_config``), and took 0.35-0.88x the staged path's time at 8 rows of
+    32768-131072 candidates on mass ties (a quarter of the row tied at the cutoff; a short
+    context padded with -inf and valid ids) and 0.90-1.22x with random scores; 0.30-1.03x at 16
+    rows (record select_kernel_h200_long_fafb16a.json). The choice does not depend on whether
+    a stream is capturing, so the first call outside capture compiles what capture will launch.
     """
-    if q <= STAGED_MAX_ROWS or (n > RESIDENT_MAX and q <= STAGED_MAX_ROWS_LONG):
-        return "staged"
-    return "row"
+    return "staged" if q <= STAGED_MAX_ROWS else "row"
 
 
 @functools.lru_cache(maxsize=None)

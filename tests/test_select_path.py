@@ -6,15 +6,14 @@ from tpflare.ops import select_kernel as sk
 
 
 def test_path_policy():
-    """The staged path for few rows, and for up to 8 rows of more candidates than the row
-    kernel holds in registers; the row kernel beyond."""
+    """The staged path for few rows (whatever their length), the row kernel beyond."""
     assert sk.choose_path(1, 16384, 2048, 132) == "staged"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"
     assert sk.choose_path(5, 16384, 2048, 132) == "row"
     assert sk.choose_path(64, 16384, 2048, 132) == "row"
-    assert sk.choose_path(8, 32768, 2048, 132) == "staged"
-    assert sk.choose_path(9, 32768, 2048, 132) == "row"
-    assert sk.choose_path(9, 16384, 2048, 132) == "row"
+    assert sk.choose_path(4, 131072, 2048, 132) == "staged"
+    assert sk.choose_path(5, 32768, 2048, 132) == "row"
+    assert sk.choose_path(5, 131072, 2048, 132) == "row"
     assert sk.choose_path(256, 131072, 2048, 132) == "row"
 
 
@@ -28,7 +27,7 @@ def test_launch_plans_are_shape_generic():
     assert sk.launch_plan(100, 16385, 2048) == sk.launch_plan(4096, 32768, 2048)  # chunks, sampled cutoff
     assert sk.launch_plan(100, 16385, 2048) != sk.launch_plan(100, 8192, 2048)  # (not at 4097..8192)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(4, 16384, 2048)  # fused finish up to 3 rows
-    assert sk.launch_plan(8, 40000, 2048) != sk.launch_plan(4, 40000, 2048)  # rank ordering up to 4 rows
+    assert sk.launch_plan(8, 40000, 2048) != sk.launch_plan(4, 40000, 2048)  # the staged path up to 4 rows
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4097, 2048)  # register tiles 4096 / 16384
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4096, 1024)
 
@@ -112,4 +111,5 @@ def test_staged_finish_tiers():
     assert st.rank_layout(1, 512) == (True, 1024) and st.rank_layout(2, 512) == (True, 512)
     assert sk.launch_plan(1, 16384, 512)[-2:] == (0, t2)  # rank_play 1024 at one row ...
     assert sk.launch_plan(2, 16384, 512)[-2:] == (t1, t2)  # ... 512 at two: the tier is reached
-    assert sk.launch_plan(8, 40000, 2048)[-2:] == (t1, t2)  # the bucket ordering: no bin ranked whole
+    # the staged path beyond 4 rows (path="staged"): the bucket ordering, no bin ranked whole
+    assert st.finish_tiers(*st.rank_layout(8, 2048)) == (t1, t2)
