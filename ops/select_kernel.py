@@ -16,8 +16,8 @@ Invalid candidates are never returned as such: every output slot past the valid
 ones is a pad, whatever score the invalid candidate carried.
 
 Two paths, chosen by ``choose_path`` (the one dispatcher; measured on an H200, graph replay):
-the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows, 32
-for rows beyond the register tile) and the *row* kernel of this module (one program a row).
+the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows)
+and the *row* kernel of this module (one program a row).
 
 Row kernel design (one program per row, no host synchronisation, CUDA-graph capturable):
 
@@ -26,6 +26,12 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to 4096 candidates, and of
   8193..``RESIDENT_MAX``, stay in registers (tiles of 4096 or 16384); longer rows, and rows of
   4097..8192, are re-read in chunks (``row_config``).
+* Sampled cutoff (rows re-read in chunks beyond ``RESIDENT_MAX``; ``sample_config``): 2048
+  evenly spaced candidates give a cutoff (a score key, and an id where the samples tie at it)
+  that very likely keeps between ``min(k, valid)`` and ``SAMPLE_CAP`` candidates; one pass keeps
+  them, and when their count says they hold the winners the steps below run on them as one
+  register tile (positions kept), not on the row in chunks; else, or where the sample predicts
+  too many, the row takes the chunked passes. Exact either way.
 * Cutoff prefix ``P`` (the top 12 bits of ``s``: sign, exponent, 3 mantissa bits) of the
   ``min(k, n_valid)``-th key: by bisection over a tile in registers (``cutoff_search``, twelve
   counts), by two ``tl.histogram`` passes of 6-bit digits over chunks.
