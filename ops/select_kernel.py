@@ -327,7 +327,7 @@ if _HAVE_TRITON:
         # key (every valid candidate). Returns T, V and whether the samples reaching them still
         # predict more than 3/4 of the tile (duplicate ids at the cutoff). Any cutoff gives
         # exact ids; the caller checks the count.
-        o = (tl.arange(0, S) * N) // S
+        o = (tl.arange(0, S) * N) // S  # (< 2**31: S <= 16384, N <= MAX_CANDIDATES)
         b = tl.load(sc_row + o, mask=o < N, other=0.0).to(tl.int32, bitcast=True)
         i = tl.load(id_row + o, mask=o < N, other=-1)
         s = score_key(b, i)

@@ -64,12 +64,8 @@ KERNELS.update({
                                                                       **_ROW), 16),
     "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, RESIDENT=True, **_ROW), 4),
     "row kernel (chunks)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, **_ROW), 16),
-    "row kernel (wide chunks)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=8192, RESIDENT=False, **_ROW), 32),
     "row kernel (chunks, sampled)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, SAMPLE=sk.SAMPLE,
                                                           CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS, **_ROW), 16),
-    "row kernel (wide chunks, sampled)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=8192, RESIDENT=False,
-                                                               SAMPLE=sk.SAMPLE, CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS,
-                                                               **_ROW), 32),
     "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
                                                                      **dict(_R16, ORDER=False)), 16),
 })
