@@ -358,8 +358,8 @@ def test_row_refine_every_bin(kind):
 
 
 # the sampled cutoff of rows re-read in chunks (select_kernel.sample_config): small samples and
-# tiles forced at small rows (several chunks, a row length not a power of two), and the defaults
-# beyond RESIDENT_MAX, and with 32 warps and chunks of 8192
+# tiles forced at small rows (several chunks, a row length not a power of two), the defaults
+# beyond RESIDENT_MAX, and 32 warps with chunks of 8192 (an option)
 SAMPLED = {"small": (3001, 64, dict(resident=False, chunk=512, sample=256, sample_cap=1024)),
            "small_k2048": (6144, 2048, dict(resident=False, chunk=1024, sample=512, sample_cap=4096)),
            "default": (20000, 2048, {}), "default_k1000": (40000, 1000, {}),
@@ -409,7 +409,7 @@ def test_row_sampled_cutoff_one_id():
 @pytest.mark.parametrize("extra", [0, 1], ids=["cap", "cap_plus_one"])
 def test_row_sampled_cutoff_tile_boundary(extra):
     """Exactly ``sample_cap`` candidates at or above the sampled cutoff fill the tile (kept); one
-    more stops the pass (the histogram passes). The top group holds a quarter of the row and 3/16
+    more overflows it (the histogram passes run after the keeping pass). The top group holds a quarter of the row and 3/16
     of the sampled positions (enough of them that the cutoff is its score, few enough that the
     sample predicts 3/4 of the tile); the rest of the row is far below it; k is a quarter of the
     tile (each row, which of the top group win is decided by their ids). Both exact."""
