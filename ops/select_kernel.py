@@ -165,7 +165,7 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     0.79-0.94x the time of 4 up to 128 rows, 0.99-1.11x from 256. Rows beyond 32768 took 32
     warps and chunks of 8192 up to 01c5110 (0.85-0.97x the 16 warps' time with three passes over
     the row, d38c0dd's record); with the sampled cutoff (``sample_config``) 16 warps take
-    0.43-0.58x the time of 32 (random scores, N = 65536 and 131072, Q = 16-1024; record
+    0.46-0.53x the time of 32 (random scores, N = 65536 and 131072, Q = 16-1024; record
     select_kernel_h200_sampled_*.json), where 32 warps' 64 registers a thread spill.
     """
     if resident is None:
