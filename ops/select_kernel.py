@@ -166,7 +166,7 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     warps and chunks of 8192 up to 01c5110 (0.85-0.97x the 16 warps' time with three passes over
     the row, d38c0dd's record); with the sampled cutoff (``sample_config``) 16 warps take
     0.46-0.53x the time of 32 (random scores, N = 65536 and 131072, Q = 16-1024; record
-    select_kernel_h200_sampled_*.json), where 32 warps' 64 registers a thread spill.
+    select_kernel_h200_sampled_grid_83ddd4e.json), where 32 warps' 64 registers a thread spill.
     """
     if resident is None:
         resident = n <= 4096 or 8192 < n <= RESIDENT_MAX
