@@ -190,9 +190,9 @@ def bench(args) -> list[dict]:
                         if name == "kernel":
                             rec["path"] = sk.choose_path(q, n, k, sk._num_sms(0))
                         kw = {} if name == "kernel" else variants(q, n)[name]
-                        if (kw.get("path", rec.get("path", "row")) == "row" and not kw.get("resident")
-                                and sk.sample_config(n, sk.row_config(n, q, kw.get("num_warps"), kw.get("chunk"),
-                                                                      kw.get("resident"))[3], kw.get("sample"))[0]):
+                        resident = sk.row_config(n, q, kw.get("num_warps"), kw.get("chunk"), kw.get("resident"))[3]
+                        if (kw.get("path", rec.get("path", "row")) == "row"
+                                and sk.sample_config(n, resident, kw.get("sample"))[0]):
                             hits = torch.zeros(q, dtype=torch.int32, device="cuda")  # rows the sampled cutoff held
                             sk.triton_ordered_select(*sets[0], k, sample_hits=hits, **dict(kw, path="row"))
                             rec["sample_hit_rows"] = int(hits.sum())

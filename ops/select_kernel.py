@@ -138,7 +138,7 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     rows (record select_kernel_h200_long_fafb16a.json). The choice does not depend on whether
     a stream is capturing, so the first call outside capture compiles what capture will launch.
     """
-    return "staged" if q <= STAGED_MAX_ROWS else "row"
+    return "staged" if q <= STAGED_MAX_ROWS else "row"  # (n, k, n_sm: the callers' signature; unused now)
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,6 +146,13 @@ def _num_sms(index: int) -> int:
     if _interpret() or not torch.cuda.is_available():
         return 132
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def _check_tile(name: str, v) -> None:
+    # a chunk, sample or tile of the row kernel: a power of two of 16..16384 (the compaction's
+    # scan counts two fields of 16 bits)
+    if int(v) < 16 or int(v) > 16384 or int(v) & (int(v) - 1):
+        raise ValueError(f"{name} must be a power of two in 16..16384, got {v}")
 
 
 def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
@@ -172,8 +179,8 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
         resident = n <= 4096 or 8192 < n <= RESIDENT_MAX
     if resident and n > RESIDENT_MAX:
         raise ValueError(f"resident=True holds at most {RESIDENT_MAX} candidates a row in registers, got N={n}")
-    if chunk is not None and (int(chunk) < 16 or int(chunk) > 16384 or int(chunk) & (int(chunk) - 1)):
-        raise ValueError(f"chunk must be a power of two in 16..16384, got {chunk}")
+    if chunk is not None:
+        _check_tile("chunk", chunk)
     block = (4096 if n <= 4096 else RESIDENT_MAX) if resident else max(16, select_staged.next_pow2(n))
     if num_warps is None:
         if resident:
@@ -201,11 +208,10 @@ def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, i
     after that pass; where the sample itself predicts more than 3/4 of ``SAMPLE_CAP`` (a mass tie
     at the cutoff) it takes them without the pass. The ids are exact either way: the sample only
     decides how fast."""
-    for name, v in (("sample", sample), ("sample_cap", cap)):
-        if v is not None and int(v) != 0 and (int(v) < 16 or int(v) > 16384 or int(v) & (int(v) - 1)):
-            raise ValueError(f"{name} must be a power of two in 16..16384 (sample: or 0), got {v}")
-    if cap is not None and int(cap) == 0:
-        raise ValueError("sample_cap must be a power of two in 16..16384, got 0")
+    if sample:  # (0: none)
+        _check_tile("sample", sample)
+    if cap is not None:
+        _check_tile("sample_cap", cap)
     if resident:
         if sample:
             raise ValueError("sample needs a row re-read in chunks (resident=False)")
