@@ -57,6 +57,9 @@ GRIDS = {
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
     # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
     # with --variants
+    # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
+    # tile of 4096 (row_s4k_*), with --variants
+    "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
@@ -156,6 +159,10 @@ def variants(q: int, n: int) -> dict:
         v["row_sample1k"] = dict(resident=False, sample=1024, sample_cap=4096)
     if q > 4 and 8192 < n <= 16384:  # chunks with the sampled cutoff where row_config holds the row in registers
         v["row_sampled"] = dict(resident=False, sample=2048)
+    if q > 4 and n > 4096:  # a sampled tile of 4096 (chunks): smaller programs, several an SM
+        for w in (4, 8, 16):
+            v[f"row_s4k_w{w}"] = dict(resident=False, num_warps=w, chunk=256 * w, sample=2048, sample_cap=4096)
+        v["row_s1k_w4"] = dict(resident=False, num_warps=4, chunk=1024, sample=1024, sample_cap=4096)
     return v
 
 
