@@ -318,7 +318,7 @@ if _HAVE_TRITON:
         # the smallest and largest inverted key 0x7fffffff - x of the x >= 0 (ids, positions)
         return 2147483647 - tl.max(x, 0), 2147483647 - tl.min(tl.where(x >= 0, x, 2147483647), 0)
 
-    @triton.jit
+    @triton.jit(noinline=True)
     def sample_cutoff(sc_row, id_row, N, K, CAP, S: tl.constexpr, SB: tl.constexpr):
         # a cutoff (score key T, id V) such that, very likely, at least min(K, valid) of the
         # row's candidates come first in the order down to (T, V) (score key > T, or = T with
@@ -362,7 +362,7 @@ if _HAVE_TRITON:
             over = 4 * kept.to(tl.int64) * N > 3 * CAP * S
         return T, V, over
 
-    @triton.jit
+    @triton.jit(noinline=True)
     def sample_pass(sc_row, id_row, sb_row, N, T, V, CHUNK: tl.constexpr, CAP: tl.constexpr):
         # the positions of the row's candidates that come first in the order down to (T, V)
         # (score key > T, or = T with id <= V; T > the invalid key) to sb_row, the first CAP of
@@ -401,7 +401,7 @@ if _HAVE_TRITON:
         i = tl.load(id_row + o, mask=o < N, other=-1, volatile=True)
         return b, i, score_key(b, i)
 
-    @triton.jit
+    @triton.jit(noinline=True)
     def refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P,
                    BLOCK: tl.constexpr, KB: tl.constexpr):
         # the finish of a row that fits the row kernel's register tile when its cutoff bin (the
