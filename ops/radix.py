@@ -17,11 +17,7 @@ Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).
 """
 from __future__ import annotations
 
-import functools
 import inspect
-import logging
-import os
-import subprocess
 
 import torch
 import triton
@@ -30,35 +26,6 @@ import triton.language as tl
 # the integer arguments of every kernel that Triton must not specialise (a value divisible by
 # 16 or equal to 1 would otherwise compile another copy of the kernel for each new shape)
 RUNTIME_INTS = ("N", "K", "s_sq", "s_iq", "s_oi", "s_os", "play_max")
-
-
-@functools.lru_cache(maxsize=None)
-def ptxas_options() -> dict:
-    """Launch options of the kernels whose phases are noinline device functions (the row kernel,
-    the staged compact and finish): ``ptx_options="--split-compile=0"``, so that ptxas compiles
-    the functions in parallel threads, where this Triton takes ptxas options
-    (``CUDAOptions.ptx_options``) and its ptxas has ``--split-compile``; else none (the
-    interpreter too). Code generation only: the kernels compute the same.
-
-    ptxas 1.2 of the 16384 plan's 3.4 s of code generation on the H200 host (one thread), the
-    largest function (the ordering, the refinement, the kernel's body) a third of it
-    (tools/compile_select_kernels.py --stages)."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return {}
-    try:
-        from triton.backends.nvidia import compiler as nv
-
-        if "ptx_options" not in getattr(nv.CUDAOptions, "__dataclass_fields__", {}):
-            return {}
-        try:
-            tool = nv.get_ptxas(90)
-        except TypeError:  # (Triton versions whose get_ptxas takes no architecture)
-            tool = nv.get_ptxas()
-        helptext = subprocess.run([tool.path, "--help"], capture_output=True, text=True, timeout=30).stdout
-    except Exception as e:  # no NVIDIA backend or ptxas here: Triton's defaults
-        logging.getLogger("tpflare.select_kernel").debug("ptxas options left at Triton's defaults: %s", e)
-        return {}
-    return {"ptx_options": "--split-compile=0"} if "--split-compile" in helptext else {}
 
 
 def generic_jit(fn):

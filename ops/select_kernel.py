@@ -221,8 +221,8 @@ def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, i
 
 
 if _HAVE_TRITON:
-    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, ptxas_options,
-                        put_winners, scan_slots, score_key, shared_bits, top_digit, winner_workspace)
+    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
+                        scan_slots, score_key, shared_bits, top_digit, winner_workspace)
     from .select_finish import finish_row
 
     @triton.jit
@@ -643,7 +643,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
                       D=radix_bits, CH=2048, FR1=fr1, FR2=fr2, ORDER=fused,
                       REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
-                      SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw, **ptxas_options())
+                      SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order)

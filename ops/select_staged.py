@@ -265,7 +265,7 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     ``radix_bits``; ``order``: ``radix.order_winners``; ``rank_rows`` and ``rank_cols``: the
     rank kernel's tile (default ``rank_tile``); ``rank_play``: ``rank_layout``.
     """
-    from .radix import order_winners, ptxas_options, winner_workspace
+    from .radix import order_winners, winner_workspace
 
     q, n = scores.shape
     if n == 0:  # no candidates: no program would run to count the winners; all pads
@@ -292,10 +292,10 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs,
                          num_warps=nw_a)
     _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                            CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin, **ptxas_options())
+                            CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin)
     if not fuse:
         _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                             num_warps=fw, **fin, **ptxas_options())
+                             num_warps=fw, **fin)
     sl, jb = rank_tile(q, kb, n_sm, binned, rank_rows)  # (from the winners, not W's stride)
     if rank_cols is not None:
         jb = int(rank_cols)

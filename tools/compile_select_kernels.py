@@ -12,8 +12,7 @@ what the kernels compute. Names select kernels by substring. ``--stages`` adds t
 each stage of the pipeline (the rest of the total is Triton's Python front end). Every run
 compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
 compile. ``--sass`` adds the SASS's instruction count and its spill stores / loads (STL / LDL, from the
-bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own;
-``--no-split`` compiles without ``radix.ptxas_options()`` (ptxas in one thread).
+bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own.
 ``--threads`` compiles the selected kernels at once, one thread each, and prints the
 wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
 Triton releases the GIL in parts of its pipeline).
@@ -89,23 +88,17 @@ def ptxas_usage(ptx: str, arch: int) -> str:
     return f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
 
 
-SPLIT_KERNELS = (sk._row_kernel, st._compact_kernel, st._finish_kernel)  # launched with radix.ptxas_options()
-
-
-def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict | None = None, split: bool = True):
-    """Triton's whole pipeline for ``fn`` at ``consts``, with the launch options the package
-    gives it (``radix.ptxas_options()`` for ``SPLIT_KERNELS``; ``split=False``: without);
-    ``stage_seconds`` (a dict) receives the seconds of each of the backend's stages (ttir,
-    ttgir, llir, ptx, cubin)."""
+def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict | None = None):
+    """Triton's whole pipeline for ``fn`` at ``consts``; ``stage_seconds`` (a dict) receives the
+    seconds of each of the backend's stages (ttir, ttgir, llir, ptx, cubin)."""
     names = fn.arg_names
     consts = dict({p.name: p.default for p in fn.params  # constexprs left out take their defaults
                    if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty}, **consts)
     sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
     target = GPUTarget("cuda", arch, 32)
-    options = dict({"num_warps": num_warps}, **(rx.ptxas_options() if split and fn in SPLIT_KERNELS else {}))
     if stage_seconds is None:
-        return triton.compile(src, target=target, options=options)
+        return triton.compile(src, target=target, options={"num_warps": num_warps})
     from triton.backends.nvidia.compiler import CUDABackend
 
     add_stages = CUDABackend.add_stages
@@ -123,7 +116,7 @@ def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict
 
     CUDABackend.add_stages = timed
     try:
-        return triton.compile(src, target=target, options=options)
+        return triton.compile(src, target=target, options={"num_warps": num_warps})
     finally:
         CUDABackend.add_stages = add_stages
 
@@ -178,7 +171,6 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", action="store_true", help="compile the selected kernels in parallel threads")
     ap.add_argument("--sass", action="store_true", help="also the SASS size and its spill stores / loads")
     ap.add_argument("--num-warps", type=int, default=None, help="compile with these warps instead of each kernel's")
-    ap.add_argument("--no-split", action="store_true", help="without radix.ptxas_options() (ptxas in one thread)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     if a.threads:
@@ -190,7 +182,7 @@ def main(argv=None) -> int:
         t0 = time.time()
         stages = {} if a.stages else None
         try:
-            k = compile_one(fn, dict(consts), a.num_warps or nw, a.arch, stages, split=not a.no_split)
+            k = compile_one(fn, dict(consts), a.num_warps or nw, a.arch, stages)
             dt = time.time() - t0
             by_stage = ""
             if stages:
