@@ -345,7 +345,7 @@ def write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K):
     tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
 
 
-@triton.jit(noinline=True)
+@triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
 def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr, SPLIT_AT: tl.constexpr):
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
     # past them. Bucket rank: bucket_counts gives the bucket sizes and each winner a slot in its

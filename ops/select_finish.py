@@ -108,7 +108,7 @@ def store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, s, v, b, o, KB: tl.con
     return base + tl.sum(si, 0)
 
 
-@triton.jit(noinline=True)
+@triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
 def finish_in_play(sc_row, id_row, p_row, pi_row, wk_ptr, wv_ptr, wo_ptr, row, m, need, above,
                    KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, RES: tl.constexpr,
                    FR: tl.constexpr, PIDS: tl.constexpr):
@@ -174,7 +174,7 @@ def finish_in_play(sc_row, id_row, p_row, pi_row, wk_ptr, wv_ptr, wo_ptr, row, m
             base = store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, sel, sc, vc, bc, oc, KB)
 
 
-@triton.jit(noinline=True)
+@triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
 def finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                MMAX: tl.constexpr = 0, PIDS: tl.constexpr = False):

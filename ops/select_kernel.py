@@ -53,7 +53,13 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
 
 Compile time: ``Q`` is the grid and ``N``, ``k`` and the strides are runtime arguments that
 Triton does not specialise, so one compiled kernel serves every shape of a tile class
-(``launch_plan`` names them; ``precompile`` compiles those a server's capacities need).
+(``launch_plan`` names them; ``precompile`` compiles those a server's capacities need). The
+phases that take and return scalars only (``sample_cutoff``, ``sample_pass``, ``refine_row``,
+``select_finish.finish_row`` / ``finish_in_play``, ``radix.order_row``) are noinline device
+functions: Triton's Coalesce pass walks, for each load and store, the pointer's slice through
+the whole function, so inlined phases cost (memory ops) x (kernel size). H200 host, Triton 3.6,
+16384 tile: the TTGIR stage 1.4-1.7 -> 0.3-0.4 s, spills 264 -> 68 bytes, 0.94-1.01x the time
+(docs/benchmarks_select_kernel.md, "Phases as noinline device functions").
 
 Workspace of the row path (``torch.empty``, no zeroing): ``W`` (16 bytes a winner slot), the
 in-play list ``[Q, N]`` int32 (as large as the scores: the torch path's packed key is twice
@@ -318,7 +324,7 @@ if _HAVE_TRITON:
         # the smallest and largest inverted key 0x7fffffff - x of the x >= 0 (ids, positions)
         return 2147483647 - tl.max(x, 0), 2147483647 - tl.min(tl.where(x >= 0, x, 2147483647), 0)
 
-    @triton.jit(noinline=True)
+    @triton.jit(noinline=True)  # (noinline: the module docstring's Compile time)
     def sample_cutoff(sc_row, id_row, N, K, CAP, S: tl.constexpr, SB: tl.constexpr):
         # a cutoff (score key T, id V) such that, very likely, at least min(K, valid) of the
         # row's candidates come first in the order down to (T, V) (score key > T, or = T with
@@ -362,7 +368,7 @@ if _HAVE_TRITON:
             over = 4 * kept.to(tl.int64) * N > 3 * CAP * S
         return T, V, over
 
-    @triton.jit(noinline=True)
+    @triton.jit(noinline=True)  # (noinline: the module docstring's Compile time)
     def sample_pass(sc_row, id_row, sb_row, N, T, V, CHUNK: tl.constexpr, CAP: tl.constexpr):
         # the positions of the row's candidates that come first in the order down to (T, V)
         # (score key > T, or = T with id <= V; T > the invalid key) to sb_row, the first CAP of
@@ -401,7 +407,7 @@ if _HAVE_TRITON:
         i = tl.load(id_row + o, mask=o < N, other=-1, volatile=True)
         return b, i, score_key(b, i)
 
-    @triton.jit(noinline=True)
+    @triton.jit(noinline=True)  # (noinline: the module docstring's Compile time)
     def refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P,
                    BLOCK: tl.constexpr, KB: tl.constexpr):
         # the finish of a row that fits the row kernel's register tile when its cutoff bin (the
