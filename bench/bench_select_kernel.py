@@ -2,6 +2,7 @@
 
     python bench/bench_select_kernel.py --out bench.json                       # the goal table
     python bench/bench_select_kernel.py --out bench.json --cold                # + cold compile seconds
+    python bench/bench_select_kernel.py --out c.json --cold --no-bench --cold-shapes 64x16384 --cold-repeats 5 --capacities ""
     python bench/bench_select_kernel.py --out v.json --variants --grid small   # + both paths / options
     python bench/bench_select_kernel.py --out s.json --grid staged --variants --only staged_finish,staged_play2k
 
@@ -21,10 +22,12 @@ ids and score bits equal the torch path's. Bandwidth: the bytes the op must move
 ids read once, ids and scores written once) over the graph time.
 
 Cold compile (--cold): for each shape (--cold-shapes) a fresh process with an empty TRITON_CACHE_DIR times its
-first call (compile included) minus a steady call; again in a process that first ran a tiny
-Triton kernel of its own (as one that compiled a model with Inductor has: Triton's driver module
-built, its cost not the selection's); then one process times ``precompile`` of a server's
-capacities (--capacities) from an empty cache, and the first call of a shape it did not name.
+first call (compile included) minus a steady call; again in --cold-repeats processes that first ran a tiny
+Triton kernel of their own (as one that compiled a model with Inductor has: Triton's driver module
+built, its cost not the selection's; the median, since one process's seconds vary by up to 40 %);
+then one process times ``precompile`` of a server's capacities (--capacities; empty: not) from an
+empty cache, and the first call of a shape it did not name. The --out file is written after each
+shape.
 """
 from __future__ import annotations
 
@@ -266,23 +269,36 @@ def _fresh_run(code: str, argv: list[str]) -> dict:
         return _run(code, argv, d)
 
 
-def cold(args) -> dict:
+def cold(args, save=None) -> dict:
     """Per shape: a process with an empty Triton cache, then a second process on the cache the
-    first one filled (a server restart: kernels loaded from disk, nothing compiled)."""
+    first one filled (a server restart: kernels loaded from disk, nothing compiled), then
+    ``--cold-repeats`` processes, each with an empty cache, that ran a Triton kernel of their own
+    first (``after_triton_cold_compile_s``: their median; ``_all``: each). The compile seconds of
+    one process vary by up to 40 % on the H200 host, so take several. ``save(result)`` after
+    each shape (a run cut short keeps what it measured)."""
     shapes = [tuple(int(x) for x in c.split("x")) for c in args.cold_shapes.split(",")]
     per = []
+    res = dict(per_shape=per, precompile=None)
     for q, n in shapes:
         with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:
             r = _run(_COLD, [str(q), str(n), str(args.k), "0"], d)
             warm = _run(_COLD, [str(q), str(n), str(args.k), "0"], d)
-        with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:  # Triton's driver built by another kernel
-            r["after_triton_cold_compile_s"] = _run(_COLD, [str(q), str(n), str(args.k), "1"], d).get("cold_compile_s")
+        after = []
+        for _ in range(max(1, args.cold_repeats)):
+            with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:  # Triton's driver built by another kernel
+                after.append(_run(_COLD, [str(q), str(n), str(args.k), "1"], d).get("cold_compile_s"))
+        ok = [a for a in after if a is not None]
+        r["after_triton_cold_compile_s"] = statistics.median(ok) if ok else None
+        r["after_triton_cold_compile_s_all"] = after
         r["disk_cache_first_call_s"] = warm.get("first_s")
         per.append(r)
         print(json.dumps(r), flush=True)
-    pre = _fresh_run(_PRE, [args.capacities, "16384", str(args.k), "49", "12000"])
-    print(json.dumps(pre), flush=True)
-    return dict(per_shape=per, precompile=pre)
+        if save:
+            save(res)
+    if args.capacities:
+        res["precompile"] = _fresh_run(_PRE, [args.capacities, "16384", str(args.k), "49", "12000"])
+        print(json.dumps(res["precompile"]), flush=True)
+    return res
 
 
 def table(records: list[dict], cold_res: dict | None) -> str:
@@ -322,7 +338,9 @@ def table(records: list[dict], cold_res: dict | None) -> str:
                          f"{'-' if at is None else f'{at:.2f}'} | {'-' if dc is None else f'{dc:.3f}'} |"
                          if "error" not in r else f"| error | {r['error'][-200:]} |")
         pre = cold_res["precompile"]
-        if "error" not in pre:
+        if pre is None:
+            pass
+        elif "error" not in pre:
             lines.append(f"\nprecompile(capacities={pre['capacities']}, n={pre['n']}, k={pre['k']}) from an empty "
                          f"cache: {pre['precompile_s']:.2f} s; then a new shape {pre['new_shape']}: first call "
                          f"{pre['new_shape_first_s'] * 1e3:.1f} ms (steady {pre['new_shape_steady_s'] * 1e3:.2f} ms)")
@@ -346,7 +364,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bench", action="store_true", help="only --cold")
     ap.add_argument("--cold-shapes", default="1x16384,4x16384,64x16384,1024x16384,1x131072,64x131072",
                     help="--cold: QxN shapes, each in fresh processes")
-    ap.add_argument("--capacities", default="1,2,4,8,16,32,64,128,256,512,1024,2048,4096")
+    ap.add_argument("--capacities", default="1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
+                    help="--cold: then time precompile of these Q at N = 16384 (empty: not)")
+    ap.add_argument("--cold-repeats", type=int, default=1,
+                    help="--cold: processes a shape for the compile seconds after Triton's setup (median)")
     args = ap.parse_args(argv)
     from tpflare.ops import select_kernel as sk
 
@@ -357,10 +378,13 @@ def main(argv=None) -> int:
 
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 k=args.k, reps=args.reps, replays=args.replays, iters=args.iters, argv=sys.argv[1:])
-    cold_res = cold(args) if args.cold else None
+    def save(cold_res, records=()):
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, records=list(records), cold=cold_res), f, indent=1)
+
+    cold_res = cold(args, save) if args.cold else None
     records = [] if args.no_bench else bench(args)
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, records=records, cold=cold_res), f, indent=1)
+    save(cold_res, records)
     print(f"\n{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, k={args.k}; CUDA-graph replay")
     print(table(records, cold_res))
     return 0
