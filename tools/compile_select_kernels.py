@@ -11,7 +11,8 @@ programs share an SM). It checks code generation only; the Triton interpreter (`
 what the kernels compute. Names select kernels by substring. ``--stages`` adds the seconds of
 each stage of the pipeline (the rest of the total is Triton's Python front end). Every run
 compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
-compile. ``--sass`` adds the SASS's instruction count and its spill stores / loads (STL / LDL, from the
+compile. ``--functions`` adds the PTX instruction lines of the kernel and of each noinline
+device function. ``--sass`` adds the SASS's instruction count and its spill stores / loads (STL / LDL, from the
 bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own.
 ``--threads`` compiles the selected kernels at once, one thread each, and prints the
 wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
@@ -164,6 +165,21 @@ def sass_spills(cubin: bytes) -> str:
     return f"SASS {len(lines)} instructions, {stl} STL / {ldl} LDL"
 
 
+def ptx_functions(ptx: str) -> str:
+    """Instruction lines of each function in ``ptx`` (the kernel and its noinline device
+    functions), largest first: where the code (and so LLVM's and ptxas's time) is."""
+    sizes, cur = {}, None
+    for ln in ptx.splitlines():
+        t = ln.strip()
+        m = re.search(r"\.(?:entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)\(", t)
+        if m:
+            cur = re.sub(r"^tpflare_\$_ops_\$_", "", m.group(1)).split("__")[0].replace("_$_", ".")
+            sizes[cur] = sizes.get(cur, 0)
+        elif cur and t.endswith(";") and not t.startswith((".reg", ".loc", ".param", ".local", ".shared", "//")):
+            sizes[cur] += 1
+    return ", ".join(f"{n} {c}" for n, c in sorted(sizes.items(), key=lambda x: -x[1]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (H100/H200: 90)")
@@ -171,6 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", action="store_true", help="compile the selected kernels in parallel threads")
     ap.add_argument("--sass", action="store_true", help="also the SASS size and its spill stores / loads")
     ap.add_argument("--num-warps", type=int, default=None, help="compile with these warps instead of each kernel's")
+    ap.add_argument("--functions", action="store_true", help="also the PTX instruction lines of each function")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     if a.threads:
@@ -189,8 +206,8 @@ def main(argv=None) -> int:
                 by_stage = " (" + ", ".join(f"{n} {v:.2f}" for n, v in stages.items()) + \
                     f", front end {dt - sum(stages.values()):.2f})"
             print(f"ok   {name}: {dt:.1f} s{by_stage}, cubin {len(k.asm['cubin'])} bytes, "
-                  f"{ptxas_usage(k.asm['ptx'], a.arch)}" + (f", {sass_spills(k.asm['cubin'])}" if a.sass else ""),
-                  flush=True)
+                  f"{ptxas_usage(k.asm['ptx'], a.arch)}" + (f", {sass_spills(k.asm['cubin'])}" if a.sass else "")
+                  + (f"; PTX lines: {ptx_functions(k.asm['ptx'])}" if a.functions else ""), flush=True)
         except Exception as e:  # report every kernel, then fail
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
