@@ -58,7 +58,7 @@ phases that take and return scalars only (``sample_cutoff``, ``sample_pass``, ``
 ``select_finish.finish_row`` / ``finish_in_play``, ``radix.order_row``) are noinline device
 functions: Triton's Coalesce pass walks, for each load and store, the pointer's slice through
 the whole function, so inlined phases cost (memory ops) x (kernel size). H200 host, Triton 3.6,
-16384 tile: the TTGIR stage 1.4-1.7 -> 0.3-0.4 s, spills 264 -> 68 bytes, 0.94-1.01x the time
+16384 tile: the TTGIR stage 1.4-1.7 -> 0.3-0.4 s, 0.94-1.01x the time, fewer spill stores (SASS)
 (docs/benchmarks_select_kernel.md, "Phases as noinline device functions").
 
 Workspace of the row path (``torch.empty``, no zeroing): ``W`` (16 bytes a winner slot), the

@@ -73,7 +73,8 @@ KERNELS.update({
 
 
 def ptxas_usage(ptx: str, arch: int) -> str:
-    """Registers a thread and spill bytes of the kernel in ``ptx``, from the bundled ptxas -v."""
+    """Registers a thread and spill bytes of the kernel in ``ptx`` (its body and its noinline
+    functions together), from the bundled ptxas -v."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptxas = get_ptxas(arch).path
@@ -84,9 +85,12 @@ def ptxas_usage(ptx: str, arch: int) -> str:
         suffix = "a" if arch >= 90 else ""
         out = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", f, "-o", os.path.join(d, "k.cubin")],
                              capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", out.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", out.stderr)
-    return f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
+    regs = re.search(r"Used (\d+) registers", out.stderr)  # (the entry's: ptxas reports it first)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out.stderr)]  # the entry's, then each function's
+    if not spills:
+        return f"{regs.group(1) if regs else '?'} registers, ? bytes spilled"
+    return (f"{regs.group(1) if regs else '?'} registers, {sum(spills)} bytes spilled"
+            + (f" ({spills[0]} in the kernel's body, the rest in its noinline functions)" if len(spills) > 1 else ""))
 
 
 def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict | None = None):
