@@ -57,12 +57,12 @@ GRIDS = {
     "mid": [(n, q) for n in (8192, 12000, 16384) for q in (64, 256, 1024, 4096)],
     # long rows at few rows: the staged path against the row kernel (choose_path), with --variants
     "long": [(n, q) for n in (32768, 65536, 131072) for q in (4, 8, 16, 32, 64)],
-    # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
-    # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
-    # with --variants
     # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
     # tile of 4096 (row_s4k_*), with --variants
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
+    # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
+    # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
+    # with --variants
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
