@@ -63,6 +63,10 @@ GRIDS = {
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
     # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
     # with --variants
+    # the finish's chunk (row_ch*, staged_*ch*) where a mass tie puts thousands of candidates in
+    # play, with --variants
+    "finish": [(n, q) for n in (8192, 16384) for q in (64, 256, 1024, 4096)]
+    + [(n, q) for n in (32768, 65536, 131072) for q in (1, 8, 1024)],
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
@@ -128,6 +132,9 @@ def variants(q: int, n: int) -> dict:
          # the 16384 tile refines cutoff bins of more than 4096 candidates (the finish's registers;
          # default REFINE_MIN 8192), every bin (no finish compiled), or none (the finish's chunks)
          "row_refine4k": dict(refine=4096), "row_refine_all": dict(refine=0), "row_norefine": dict(refine=16384),
+         # the finish's chunked passes over a large in-play list (a mass tie): chunks of 4096 or
+         # 8192 (default select_kernel.FIN_CHUNK, 2048); the staged path's, with 16 or 32 warps
+         "row_ch4k": dict(fin_chunk=4096), "row_ch8k": dict(fin_chunk=8192),
          "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),
          "staged_d6": dict(path="staged", staged=dict(radix_bits=6)),
          "staged_d8": dict(path="staged", staged=dict(radix_bits=8))}
@@ -136,6 +143,9 @@ def variants(q: int, n: int) -> dict:
                  staged_sort=dict(path="staged", order="sort"), row_rank=dict(path="row", order="rank"))
     if q <= 8:
         v["staged_unfused"] = dict(path="staged", staged=dict(fuse=False))
+        v.update(staged_ch4k=dict(path="staged", staged=dict(fin_chunk=4096)),
+                 staged_w16_ch4k=dict(path="staged", staged=dict(fin_warps=16, fin_chunk=4096)),
+                 staged_w32_ch8k=dict(path="staged", staged=dict(fin_warps=32, fin_chunk=8192)))
     if q <= 4:  # the cutoff bin picked by the finish, or (up to rank_play candidates) ranked whole;
         # the binned rank kernel's steps (rank_cols)
         v.update(staged_finish=dict(path="staged", staged=dict(rank_play=0)),

@@ -328,18 +328,19 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
     return scores.contiguous(), ids.contiguous()
 
 
-@pytest.mark.parametrize("refine", [None, 0, 16384], ids=["refine", "refine_all", "chunks"])
+@pytest.mark.parametrize("opts", [{}, dict(refine=0), dict(refine=16384), dict(refine=16384, fin_chunk=8192)],
+                         ids=["refine", "refine_all", "chunks", "chunks_8k"])
 @pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
-def test_row_mass_tie_in_registers(kind, refine):
+def test_row_mass_tie_in_registers(kind, opts):
     """The row kernel's register tile with a cutoff bin of more candidates than the finish's
     registers hold (refined on the row read again as a tile: the score key, then the id, then
     the position) when it holds more than ``select_kernel.REFINE_MIN``, at several k and row
     lengths that are not powers of two. ``refine`` 0: every cutoff bin not taken whole is refined,
-    however small (no finish compiled); 16384: none (the finish's chunks)."""
+    however small (no finish compiled); 16384: none (the finish's chunks, of ``fin_chunk``)."""
     _require_kernel()
     for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
-        got = run_kernel(scores, ids, k, path="row", **({} if refine is None else dict(refine=refine)))
+        got = run_kernel(scores, ids, k, path="row", **opts)
         check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k}")
         if n == 9000:
             check_equal(got, ref_python(scores, ids, k), f"{kind} python n={n} k={k}")
@@ -656,6 +657,9 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError, match="chunk"):  # not a power of two
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      chunk=1000)
+        with pytest.raises(ValueError, match="fin_chunk"):  # not a power of two
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     fin_chunk=3000)
         with pytest.raises(ValueError, match="refine"):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      refine=-1)
