@@ -135,6 +135,7 @@ def variants(q: int, n: int) -> dict:
          # the finish's chunked passes over a large in-play list (a mass tie): chunks of 4096 or
          # 8192 (default select_kernel.FIN_CHUNK, 2048); the staged path's, with 16 or 32 warps
          "row_ch4k": dict(fin_chunk=4096), "row_ch8k": dict(fin_chunk=8192),
+         "row_norefine_ch8k": dict(refine=16384, fin_chunk=8192),  # (the 16384 tile: no refinement)
          "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),
          "staged_d6": dict(path="staged", staged=dict(radix_bits=6)),
          "staged_d8": dict(path="staged", staged=dict(radix_bits=8))}
