@@ -66,14 +66,14 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
     # members' keys and positions in the in-bucket count, through global scratch (a store, a
     # barrier and loads; two dependent L2 round trips a step of the count)
-    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB)
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
     off = tl.load(z_row + KB + bkt, mask=live, other=0, cache_modifier=".cg")
     cb = tl.load(z_row + bkt, mask=live, other=0, cache_modifier=".cg")
     if big > SPLIT:
-        sub, slot, cc = split_buckets(key, live, bkt, off, cb, j, z_row, KB)
+        sub, slot, cc = split_buckets(key, live, off, cb, j, z_row, KB)
         o2 = z_row + 4 * KB
         tl.store(o2 + j, tl.cumsum(cc, 0) - cc)
         big = tl.max(cc, 0)
@@ -165,7 +165,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
                 order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
-                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT)
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, KB)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,

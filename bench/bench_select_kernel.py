@@ -124,7 +124,7 @@ def time_graph(fn, sets, reps: int, replays: int) -> float:
     return ms
 
 
-def variants(q: int, n: int) -> dict:
+def variants(q: int, n: int, k: int = 2048) -> dict:
     """Options of the production paths timed with --variants (names -> triton_ordered_select kwargs)."""
     v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort"),
          # the finish's digit width (radix_bits, default 5)
@@ -136,6 +136,8 @@ def variants(q: int, n: int) -> dict:
          # 8192 (default select_kernel.FIN_CHUNK, 2048); the staged path's, with 16 or 32 warps
          "row_ch4k": dict(fin_chunk=4096), "row_ch8k": dict(fin_chunk=8192),
          "row_norefine_ch8k": dict(refine=16384, fin_chunk=8192),  # (the 16384 tile: no refinement)
+         # the ordering's buckets: twice k rounded up to a power of two (default once)
+         "row_ob2x": dict(order_buckets=2 * max(2, 1 << (k - 1).bit_length())),
          "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),
          "staged_d6": dict(path="staged", staged=dict(radix_bits=6)),
          "staged_d8": dict(path="staged", staged=dict(radix_bits=8))}
@@ -195,7 +197,7 @@ def bench(args) -> list[dict]:
             ref = torch_ordered_select(*sets[0], k)
             methods = {"kernel": lambda s, i: sk.triton_ordered_select(s, i, k)}
             if args.variants:
-                for name, kw in variants(q, n).items():
+                for name, kw in variants(q, n, k).items():
                     if args.only and name not in args.only.split(","):
                         continue
                     methods[name] = lambda s, i, kw=kw: sk.triton_ordered_select(s, i, k, **kw)
@@ -210,7 +212,7 @@ def bench(args) -> list[dict]:
                             got[1].view(torch.int32), ref[1].view(torch.int32)))
                         if name == "kernel":
                             rec["path"] = sk.choose_path(q, n, k, sk._num_sms(0))
-                        kw = {} if name == "kernel" else variants(q, n)[name]
+                        kw = {} if name == "kernel" else variants(q, n, k)[name]
                         resident = sk.row_config(n, q, kw.get("num_warps"), kw.get("chunk"), kw.get("resident"))[3]
                         if (kw.get("path", rec.get("path", "row")) == "row"
                                 and sk.sample_config(n, resident, kw.get("sample"))[0]):

@@ -290,32 +290,34 @@ def _bit_length(x):
 
 
 @triton.jit
-def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr):
+def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexpr):
     # order_row's first level: the winners' packed keys span [lo, hi]; a shift maps hi - key to
-    # one of KB buckets (bucket 0 = the largest keys); one atomic add a winner gives each its
-    # slot in its bucket (any order); returns (j, live, key, position, bucket, slot, bucket
-    # sizes c). z_row[0:KB] holds the sizes.
+    # one of NB (KB or 2 KB) buckets (bucket 0 = the largest keys); one atomic add a winner
+    # gives each its slot in its bucket (any order); returns (j, live, key, position, bucket,
+    # slot, bucket sizes c [NB]). z_row[0:NB] holds the sizes.
     j = tl.arange(0, KB)
     live = j < nsel
     key = tl.load(wk_row + j, mask=live, other=-1)
     o = tl.load(wo_row + j, mask=live, other=0)
     hi = tl.max(tl.where(live, key, -1), 0)
     lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
-    sh = _bit_length(tl.maximum(hi - lo, 0) // KB)
+    sh = _bit_length(tl.maximum(hi - lo, 0) // NB)  # (hi - lo) >> sh < NB
     bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
-    tl.store(z_row + j, tl.zeros([KB], dtype=tl.int32))
+    jb = tl.arange(0, NB)
+    tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
     tl.debug_barrier()
     slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
-    c = tl.load(z_row + j, cache_modifier=".cg")
+    c = tl.load(z_row + jb, cache_modifier=".cg")
     return j, live, key, o, bkt, slot, c
 
 
 @triton.jit
-def split_buckets(key, live, bkt, off, cb, j, z_row, KB: tl.constexpr):
+def split_buckets(key, live, off, cb, j, z_row, KB: tl.constexpr):
     # order_row's second level: every bucket (output offset off, size cb) splits over its own key
     # range into cb sub-buckets laid out in its output range; returns (sub-bucket, slot in it,
-    # sub-bucket sizes cc). z_row[3KB:4KB] holds the sizes, [5KB:9KB] the buckets' key ranges.
+    # sub-bucket sizes cc). z_row[3KB:4KB] holds the sizes, [5KB:9KB] the buckets' key ranges,
+    # at each bucket's output offset (< KB, one a non-empty bucket, whatever the buckets' count)
     c2 = z_row + 3 * KB
     yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
     yl = yh + KB
@@ -323,11 +325,11 @@ def split_buckets(key, live, bkt, off, cb, j, z_row, KB: tl.constexpr):
     tl.store(yh + j, tl.full([KB], -1, tl.int64))
     tl.store(yl + j, tl.full([KB], 9223372036854775807, tl.int64))
     tl.debug_barrier()
-    tl.atomic_max(yh + bkt, key, mask=live, sem="relaxed", scope="cta")
-    tl.atomic_min(yl + bkt, key, mask=live, sem="relaxed", scope="cta")
+    tl.atomic_max(yh + off, key, mask=live, sem="relaxed", scope="cta")
+    tl.atomic_min(yl + off, key, mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
-    bh = tl.load(yh + bkt, mask=live, other=0, cache_modifier=".cg")
-    bl = tl.load(yl + bkt, mask=live, other=0, cache_modifier=".cg")
+    bh = tl.load(yh + off, mask=live, other=0, cache_modifier=".cg")
+    bl = tl.load(yl + off, mask=live, other=0, cache_modifier=".cg")
     sh2 = _bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
     sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)  # < off + cb
     slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
@@ -346,10 +348,12 @@ def write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K):
 
 
 @triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
-def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr, SPLIT_AT: tl.constexpr):
+def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr, SPLIT_AT: tl.constexpr,
+              NB: tl.constexpr):
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
-    # past them. Bucket rank: bucket_counts gives the bucket sizes and each winner a slot in its
-    # bucket; a scan of the sizes gives the buckets' output offsets. When a bucket holds more
+    # past them. Bucket rank: bucket_counts gives the sizes of NB buckets (KB or 2 KB; more
+    # buckets, fewer members each) and each winner a slot in its bucket; a scan of the sizes
+    # gives the buckets' output offsets. When a bucket holds more
     # than SPLIT_AT winners (SPLIT in production; keys in clusters: a tie group and a few
     # others), every bucket splits again (split_buckets), so one scan over all sub-buckets
     # gives every sub-bucket's offset.
@@ -360,12 +364,12 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     # and one load where every step of the count took two dependent L2 round trips. H200, 1024
     # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
     # z_row: ORDER_SCRATCH x KB int32.
-    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB)
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
     big = tl.max(c, 0)
     off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
     cb = tl.where(live, tl.gather(c, bkt, 0), 0)
     if big > SPLIT_AT:  # second level over each bucket's own key range
-        sub, slot, cc = split_buckets(key, live, bkt, off, cb, j, z_row, KB)
+        sub, slot, cc = split_buckets(key, live, off, cb, j, z_row, KB)
         big = tl.max(cc, 0)
         cb = tl.where(live, tl.gather(cc, sub, 0), 0)
         off = tl.where(live, tl.gather(tl.cumsum(cc, 0) - cc, sub, 0), 0)
@@ -391,7 +395,7 @@ def bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s
     # grid (Q,): order_row for each row of W (the staged path's winners)
     row = tl.program_id(0).to(tl.int64)
     order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
-              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT)
+              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT, KB)
 
 
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:

@@ -294,6 +294,23 @@ def test_bucket_order_clustered_keys(kind, path, order):
             check_equal(got, ref_python(scores, ids, k), f"{kind} {path} python q={q} n={n} k={k}")
 
 
+@pytest.mark.parametrize("kind", ["random", "ties", "dups", "nandups", "padding", "special"])
+def test_bucket_order_twice_the_buckets(kind):
+    """The row kernel's ordering over twice as many buckets as winner slots (``order_buckets``),
+    on plain and clustered winner keys: exact against both references."""
+    _require_kernel()
+    for q, n, k in ((3, 6144, 2048), (2, 300, 64)):
+        scores, ids = make_case(kind, q, n, k, seed=n + k)
+        got = run_kernel(scores, ids, k, path="row", order_buckets=2 * max(2, 1 << (k - 1).bit_length()))
+        check_equal(got, ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
+        if n <= 300:
+            check_equal(got, ref_python(scores, ids, k), f"{kind} python q={q} n={n} k={k}")
+    for kind2 in ("two_groups", "outliers", "dup_groups", "narrow_ids") if kind == "ties" else ():
+        scores, ids = _clustered(kind2, 2, 3000, seed=7)
+        got = run_kernel(scores, ids, 1024, path="row", order_buckets=2048)
+        check_equal(got, ref_packed(scores, ids, 1024), f"{kind2} order_buckets=2048")
+
+
 def _mass_tie(kind: str, q: int, n: int, seed: int):
     """A cutoff bin larger than the finish's registers (select_staged.FIN_TIERS[1]): one score
     for most of the row; few finite scores and the rest -inf with valid ids (a short context in
@@ -657,6 +674,9 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError, match="chunk"):  # not a power of two
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      chunk=1000)
+        with pytest.raises(ValueError, match="order_buckets"):  # neither k's power of two nor twice it
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     order_buckets=8)
         with pytest.raises(ValueError, match="fin_chunk"):  # not a power of two
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      fin_chunk=3000)
