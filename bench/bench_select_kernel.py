@@ -65,8 +65,8 @@ GRIDS = {
     # with --variants
     # the finish's chunk (row_ch*, staged_*ch*) where a mass tie puts thousands of candidates in
     # play, with --variants
-    "finish": [(n, q) for n in (8192, 16384) for q in (64, 256, 1024, 4096)]
-    + [(n, q) for n in (32768, 65536, 131072) for q in (1, 8, 1024)],
+    "finish": [(n, q) for n in (8192, 16384) for q in (64, 1024)] + [(65536, 1024), (131072, 8)]
+    + [(n, 1) for n in (32768, 65536, 131072)],
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
