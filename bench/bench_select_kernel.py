@@ -135,7 +135,8 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
          # the finish's chunked passes over a large in-play list (a mass tie): chunks of 4096 or
          # 8192 (default select_kernel.FIN_CHUNK, 2048); the staged path's, with 16 or 32 warps
          "row_ch4k": dict(fin_chunk=4096), "row_ch8k": dict(fin_chunk=8192),
-         "row_norefine_ch8k": dict(refine=16384, fin_chunk=8192),  # (the 16384 tile: no refinement)
+         # the 16384 tile without refinement (not compiled), its bins in the finish's chunks
+         "row_norefine_ch4k": dict(refine=16384, fin_chunk=4096), "row_norefine_ch8k": dict(refine=16384, fin_chunk=8192),
          # the ordering's buckets: twice k rounded up to a power of two (default once)
          "row_ob2x": dict(order_buckets=2 * max(2, 1 << (k - 1).bit_length())),
          "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),

@@ -485,7 +485,7 @@ if _HAVE_TRITON:
             all_in = (nsel - above == m).to(tl.int32)
             # a cutoff bin of more than REFINE candidates in the 16384 tile is refined on the
             # tile (refine_row), not put in play
-            if FR2 < BLOCK:
+            if FR2 < BLOCK and REFINE < BLOCK:
                 refine = (nsel - above < m) & (m > REFINE)
             else:
                 refine = m < 0
@@ -527,7 +527,7 @@ if _HAVE_TRITON:
                     wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
                                                 wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
-        if RESIDENT and FR2 < BLOCK:  # a cutoff bin beyond the finish's registers: refined on the tile
+        if RESIDENT and FR2 < BLOCK and REFINE < BLOCK:  # a bin beyond the finish's registers: refined on the tile
             if refine:
                 refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P, BLOCK, KB)
             elif REFINE == 0:  # every bin refined: no finish compiled
