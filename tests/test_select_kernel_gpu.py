@@ -345,8 +345,9 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
     return scores.contiguous(), ids.contiguous()
 
 
-@pytest.mark.parametrize("opts", [{}, dict(refine=0), dict(refine=16384), dict(refine=16384, fin_chunk=8192)],
-                         ids=["refine", "refine_all", "chunks", "chunks_8k"])
+@pytest.mark.parametrize("opts", [{}, dict(refine=0), dict(refine=16384), dict(refine=16384, fin_chunk=4096),
+                                  dict(refine=16384, fin_chunk=8192)],
+                         ids=["refine", "refine_all", "chunks", "chunks_4k", "chunks_8k"])
 @pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
 def test_row_mass_tie_in_registers(kind, opts):
     """The row kernel's register tile with a cutoff bin of more candidates than the finish's
