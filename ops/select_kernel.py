@@ -575,7 +575,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
     (the 16384 register tile refines a cutoff bin of more candidates than this on the tile,
     default ``REFINE_MIN``; smaller bins go to the finish, in registers up to 4096, in chunks
-    beyond; 0: every bin refined, no finish compiled), ``sample`` and ``sample_cap`` (rows re-read
+    beyond; 0: every bin refined, no finish compiled; 16384 or more: none, and no refinement
+    compiled), ``sample`` and ``sample_cap`` (rows re-read
     in chunks: the sampled cutoff's sample and tile, ``sample_config``; ``sample=0``: none),
     ``fin_chunk`` (the in-play candidates a chunked pass of the finish reads at once, default
     ``FIN_CHUNK``), ``order_buckets`` (the buckets of the row kernel's ordering, ``radix.order_row``:
