@@ -63,8 +63,8 @@ GRIDS = {
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
     # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
     # with --variants
-    # the finish's chunk (row_ch*, staged_*ch*) where a mass tie puts thousands of candidates in
-    # play, with --variants
+    # mass ties (thousands of candidates in play) and random scores across the row paths' tiles
+    # and the staged path, with --variants (record select_kernel_h200_finish_*.json)
     "finish": [(n, q) for n in (8192, 16384) for q in (64, 1024)] + [(65536, 1024), (131072, 8)]
     + [(n, 1) for n in (32768, 65536, 131072)],
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
@@ -132,13 +132,8 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
          # the 16384 tile refines cutoff bins of more than 4096 candidates (the finish's registers;
          # default REFINE_MIN 8192), every bin (no finish compiled), or none (the finish's chunks)
          "row_refine4k": dict(refine=4096), "row_refine_all": dict(refine=0), "row_norefine": dict(refine=16384),
-         # the finish's chunked passes over a large in-play list (a mass tie): chunks of 4096 or
-         # 8192 (default select_kernel.FIN_CHUNK, 2048); the staged path's, with 16 or 32 warps
-         "row_ch4k": dict(fin_chunk=4096), "row_ch8k": dict(fin_chunk=8192),
-         # the 16384 tile without refinement (not compiled), its bins in the finish's chunks
-         "row_norefine_ch4k": dict(refine=16384, fin_chunk=4096), "row_norefine_ch8k": dict(refine=16384, fin_chunk=8192),
-         # the ordering's buckets: twice k rounded up to a power of two (default once)
-         "row_ob2x": dict(order_buckets=2 * max(2, 1 << (k - 1).bit_length())),
+         # the row kernel's ordering over as many buckets as winner slots (default twice as many)
+         "row_ob1x": dict(order_buckets=max(2, 1 << (k - 1).bit_length())),
          "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),
          "staged_d6": dict(path="staged", staged=dict(radix_bits=6)),
          "staged_d8": dict(path="staged", staged=dict(radix_bits=8))}
@@ -147,9 +142,6 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
                  staged_sort=dict(path="staged", order="sort"), row_rank=dict(path="row", order="rank"))
     if q <= 8:
         v["staged_unfused"] = dict(path="staged", staged=dict(fuse=False))
-        v.update(staged_ch4k=dict(path="staged", staged=dict(fin_chunk=4096)),
-                 staged_w16_ch4k=dict(path="staged", staged=dict(fin_warps=16, fin_chunk=4096)),
-                 staged_w32_ch8k=dict(path="staged", staged=dict(fin_warps=32, fin_chunk=8192)))
     if q <= 4:  # the cutoff bin picked by the finish, or (up to rank_play candidates) ranked whole;
         # the binned rank kernel's steps (rank_cols)
         v.update(staged_finish=dict(path="staged", staged=dict(rank_play=0)),

@@ -101,7 +101,7 @@ SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sampl
 SAMPLE_CAP = 8192  # and keep at most this many at or above it (a register tile); else the histogram passes
 SAMPLE_BITS = 16  # the sampled cutoff's bits found by bisection (from the highest bit in which the samples differ)
 FIN_CHUNK = 2048  # the row kernel's finish reads an in-play list beyond its registers in chunks of this many
-ORDER_BUCKETS = 1  # the row kernel's ordering (radix.order_row) spreads its KB winners over this many KB buckets
+ORDER_BUCKETS = 2  # the row kernel's ordering (radix.order_row) spreads its KB winners over this many KB buckets
 
 try:  # Triton is optional: the module must import on CPU-only machines.
     import triton
@@ -562,8 +562,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           path: str | None = None, order: str | None = None, num_warps: int | None = None,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
                           refine: int | None = None, sample: int | None = None, sample_cap: int | None = None,
-                          fin_chunk: int | None = None, order_buckets: int | None = None,
-                          sample_hits: torch.Tensor | None = None, staged: dict | None = None):
+                          order_buckets: int | None = None, sample_hits: torch.Tensor | None = None,
+                          staged: dict | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
@@ -578,9 +578,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     beyond; 0: every bin refined, no finish compiled; 16384 or more: none, and no refinement
     compiled), ``sample`` and ``sample_cap`` (rows re-read
     in chunks: the sampled cutoff's sample and tile, ``sample_config``; ``sample=0``: none),
-    ``fin_chunk`` (the in-play candidates a chunked pass of the finish reads at once, default
-    ``FIN_CHUNK``), ``order_buckets`` (the buckets of the row kernel's ordering, ``radix.order_row``:
-    k rounded up to a power of two, or twice that; default ``ORDER_BUCKETS`` times the first), and
+    ``order_buckets`` (the buckets of the row kernel's ordering, ``radix.order_row``: k rounded
+    up to a power of two, or twice that; default ``ORDER_BUCKETS`` times the first), and
     ``sample_hits`` (an int32 ``[Q]`` tensor that receives 1 for each row whose sampled cutoff
     held, 0 for the others; a report, not an option of the selection); of the
     staged path: ``staged`` (``select_staged.staged_select``'s keywords).
@@ -600,14 +599,13 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         with torch.cuda.device(scores.device):
             return triton_ordered_select(scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk,
                                          resident=resident, radix_bits=radix_bits, refine=refine, sample=sample,
-                                         sample_cap=sample_cap, fin_chunk=fin_chunk, order_buckets=order_buckets,
-                                         sample_hits=sample_hits, staged=staged)
+                                         sample_cap=sample_cap, order_buckets=order_buckets, sample_hits=sample_hits,
+                                         staged=staged)
     k = int(k)
     q, n = scores.shape
     if not supports(n, k):
         raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
-    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, fin_chunk, order_buckets,
-                sample_hits)
+    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, order_buckets, sample_hits)
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     if path is None:  # an option of one path asks for that path; else the dispatcher decides
         if any(o is not None for o in row_opts):
@@ -625,9 +623,6 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     radix_bits = 5 if radix_bits is None else int(radix_bits)
     if not 2 <= radix_bits <= 8:
         raise ValueError(f"radix_bits must be in 2..8, got {radix_bits}")
-    if fin_chunk is not None:
-        _check_tile("fin_chunk", fin_chunk)
-    fin_chunk = FIN_CHUNK if fin_chunk is None else int(fin_chunk)
     kb = max(2, select_staged.next_pow2(k))
     ob = ORDER_BUCKETS * kb if order_buckets is None else int(order_buckets)
     if ob not in (kb, 2 * kb):  # (radix.order_row's scratch holds 2 KB bucket sizes)
@@ -663,7 +658,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, sb, sample_hits if hits else sb,
                       n, k, scores.stride(0), ids.stride(0),
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
-                      D=radix_bits, CH=fin_chunk, FR1=fr1, FR2=fr2, ORDER=fused,
+                      D=radix_bits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
                       REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
                       SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, OB=ob if fused else 0, num_warps=nw)
     if fused:

@@ -294,21 +294,23 @@ def test_bucket_order_clustered_keys(kind, path, order):
             check_equal(got, ref_python(scores, ids, k), f"{kind} {path} python q={q} n={n} k={k}")
 
 
+@pytest.mark.parametrize("buckets", [1, 2], ids=["kb", "2kb"])
 @pytest.mark.parametrize("kind", ["random", "ties", "dups", "nandups", "padding", "special"])
-def test_bucket_order_twice_the_buckets(kind):
-    """The row kernel's ordering over twice as many buckets as winner slots (``order_buckets``),
-    on plain and clustered winner keys: exact against both references."""
+def test_row_order_buckets(kind, buckets):
+    """The row kernel's ordering over as many buckets as winner slots, or twice as many (the
+    default, ``select_kernel.ORDER_BUCKETS``), on plain and clustered winner keys: exact against
+    both references."""
     _require_kernel()
     for q, n, k in ((3, 6144, 2048), (2, 300, 64)):
         scores, ids = make_case(kind, q, n, k, seed=n + k)
-        got = run_kernel(scores, ids, k, path="row", order_buckets=2 * max(2, 1 << (k - 1).bit_length()))
+        got = run_kernel(scores, ids, k, path="row", order_buckets=buckets * max(2, 1 << (k - 1).bit_length()))
         check_equal(got, ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
         if n <= 300:
             check_equal(got, ref_python(scores, ids, k), f"{kind} python q={q} n={n} k={k}")
     for kind2 in ("two_groups", "outliers", "dup_groups", "narrow_ids") if kind == "ties" else ():
         scores, ids = _clustered(kind2, 2, 3000, seed=7)
-        got = run_kernel(scores, ids, 1024, path="row", order_buckets=2048)
-        check_equal(got, ref_packed(scores, ids, 1024), f"{kind2} order_buckets=2048")
+        got = run_kernel(scores, ids, 1024, path="row", order_buckets=buckets * 1024)
+        check_equal(got, ref_packed(scores, ids, 1024), f"{kind2} order_buckets={buckets * 1024}")
 
 
 def _mass_tie(kind: str, q: int, n: int, seed: int):
@@ -345,16 +347,14 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
     return scores.contiguous(), ids.contiguous()
 
 
-@pytest.mark.parametrize("opts", [{}, dict(refine=0), dict(refine=16384), dict(refine=16384, fin_chunk=4096),
-                                  dict(refine=16384, fin_chunk=8192)],
-                         ids=["refine", "refine_all", "chunks", "chunks_4k", "chunks_8k"])
+@pytest.mark.parametrize("opts", [{}, dict(refine=0), dict(refine=16384)], ids=["refine", "refine_all", "chunks"])
 @pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
 def test_row_mass_tie_in_registers(kind, opts):
     """The row kernel's register tile with a cutoff bin of more candidates than the finish's
     registers hold (refined on the row read again as a tile: the score key, then the id, then
     the position) when it holds more than ``select_kernel.REFINE_MIN``, at several k and row
     lengths that are not powers of two. ``refine`` 0: every cutoff bin not taken whole is refined,
-    however small (no finish compiled); 16384: none (the finish's chunks, of ``fin_chunk``)."""
+    however small (no finish compiled); 16384: none (the finish's chunks; no refinement compiled)."""
     _require_kernel()
     for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
@@ -678,9 +678,6 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError, match="order_buckets"):  # neither k's power of two nor twice it
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      order_buckets=8)
-        with pytest.raises(ValueError, match="fin_chunk"):  # not a power of two
-            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
-                                     fin_chunk=3000)
         with pytest.raises(ValueError, match="refine"):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      refine=-1)
