@@ -46,6 +46,8 @@ from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bucket_counts, bucket_kerne
                                write_ranked)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
+ORDER_NB = tl.constexpr(sk.ORDER_BUCKETS)  # the production ordering's buckets, in units of KB
+
 
 @triton.jit
 def compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row):
@@ -165,7 +167,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
                 order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
-                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, KB)
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, ORDER_NB * KB)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
