@@ -60,13 +60,13 @@ GRIDS = {
     # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
     # tile of 4096 (row_s4k_*), with --variants
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
-    # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
-    # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
-    # with --variants
     # mass ties (thousands of candidates in play) and random scores across the row paths' tiles
     # and the staged path, with --variants (record select_kernel_h200_finish_*.json)
     "finish": [(n, q) for n in (8192, 16384) for q in (64, 1024)] + [(65536, 1024), (131072, 8)]
     + [(n, 1) for n in (32768, 65536, 131072)],
+    # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
+    # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
+    # with --variants
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]

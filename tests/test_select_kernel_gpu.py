@@ -347,9 +347,9 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
     return scores.contiguous(), ids.contiguous()
 
 
-@pytest.mark.parametrize("opts", [{}, dict(refine=0), dict(refine=16384)], ids=["refine", "refine_all", "chunks"])
+@pytest.mark.parametrize("refine", [None, 0, 16384], ids=["refine", "refine_all", "chunks"])
 @pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
-def test_row_mass_tie_in_registers(kind, opts):
+def test_row_mass_tie_in_registers(kind, refine):
     """The row kernel's register tile with a cutoff bin of more candidates than the finish's
     registers hold (refined on the row read again as a tile: the score key, then the id, then
     the position) when it holds more than ``select_kernel.REFINE_MIN``, at several k and row
@@ -358,7 +358,7 @@ def test_row_mass_tie_in_registers(kind, opts):
     _require_kernel()
     for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
-        got = run_kernel(scores, ids, k, path="row", **opts)
+        got = run_kernel(scores, ids, k, path="row", **({} if refine is None else dict(refine=refine)))
         check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k}")
         if n == 9000:
             check_equal(got, ref_python(scores, ids, k), f"{kind} python n={n} k={k}")
