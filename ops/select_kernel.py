@@ -462,15 +462,16 @@ if _HAVE_TRITON:
                     N, K, s_sq, s_iq, s_oi, s_os,
                     BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
-                    ORDER: tl.constexpr, REFINE: tl.constexpr, SAMPLE: tl.constexpr = 0, CAP: tl.constexpr = 16,
-                    SB: tl.constexpr = 16, HITS: tl.constexpr = False, OB: tl.constexpr = 0):
+                    ORDER: tl.constexpr, REFINE: tl.constexpr, OB: tl.constexpr, SAMPLE: tl.constexpr = 0,
+                    CAP: tl.constexpr = 16, SB: tl.constexpr = 16, HITS: tl.constexpr = False):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
-        # the still-needed winners in P; ORDER: the program orders its winners too. SAMPLE
-        # (chunks only): first a sampled cutoff (sample_config), whose kept candidates (sb_ptr,
-        # CAP a row), when they hold the row's winners, replace the histogram passes and the
-        # compaction pass by a register tile; HITS: hit_ptr[row] = 1 where they did, else 0
+        # the still-needed winners in P; ORDER: the program orders its winners too (over OB
+        # buckets). SAMPLE (chunks only): first a sampled cutoff (sample_config), whose kept
+        # candidates (sb_ptr, CAP a row), when they hold the row's winners, replace the histogram
+        # passes and the compaction pass by a register tile; HITS: hit_ptr[row] = 1 where they
+        # did, else 0
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -541,7 +542,7 @@ if _HAVE_TRITON:
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
-                      osc_ptr + row * s_os, K, KB, SPLIT, OB if OB > 0 else KB)
+                      osc_ptr + row * s_os, K, KB, SPLIT, OB)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
@@ -660,7 +661,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                       out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
                       D=radix_bits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
                       REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
-                      SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, OB=ob if fused else 0, num_warps=nw)
+                      OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order)

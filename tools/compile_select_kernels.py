@@ -13,7 +13,8 @@ each stage of the pipeline (the rest of the total is Triton's Python front end).
 compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
 compile. ``--functions`` adds the PTX instruction lines of the kernel and of each noinline
 device function. ``--sass`` adds the SASS's instruction count and its spill stores / loads (STL / LDL, from the
-bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own.
+bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own;
+``--consts OB=2048,REFINE=16384`` overrides constexprs (a variant against the production kernel).
 ``--threads`` compiles the selected kernels at once, one thread each, and prints the
 wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
 Triton releases the GIL in parts of its pipeline).
@@ -68,7 +69,7 @@ KERNELS.update({
     "row kernel (chunks, sampled)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, SAMPLE=sk.SAMPLE,
                                                           CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS, **_ROW), 16),
     "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
-                                                                     **dict(_R16, ORDER=False, OB=0)), 16),
+                                                                     **dict(_R16, ORDER=False)), 16),
 })
 
 
@@ -192,8 +193,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sass", action="store_true", help="also the SASS size and its spill stores / loads")
     ap.add_argument("--num-warps", type=int, default=None, help="compile with these warps instead of each kernel's")
     ap.add_argument("--functions", action="store_true", help="also the PTX instruction lines of each function")
+    ap.add_argument("--consts", default="", help="NAME=INT,... constexprs that override each selected kernel's "
+                                                "(a kernel without such a parameter is compiled as it is)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
+    over = dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in a.consts.split(",") if kv)
     if a.threads:
         return compile_threaded([n for n in KERNELS if not a.names or any(x in n for x in a.names)], a.arch)
     failed = 0
@@ -203,7 +207,8 @@ def main(argv=None) -> int:
         t0 = time.time()
         stages = {} if a.stages else None
         try:
-            k = compile_one(fn, dict(consts), a.num_warps or nw, a.arch, stages)
+            k = compile_one(fn, dict(consts, **{c: v for c, v in over.items() if c in fn.arg_names}),
+                            a.num_warps or nw, a.arch, stages)
             dt = time.time() - t0
             by_stage = ""
             if stages:
