@@ -23,9 +23,9 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
 
 * Score key ``s``: an int32 whose signed order is the total order above
   (``bits`` if the sign bit is clear, ``bits ^ 0x7fffffff`` otherwise; NaN is
-  ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to 4096 candidates, and of
-  8193..``RESIDENT_MAX``, stay in registers (tiles of 4096 or 16384); longer rows, and rows of
-  4097..8192, are re-read in chunks (``row_config``).
+  ``INT_MIN + 1``, an invalid candidate ``INT_MIN``). Rows of up to ``RESIDENT_MAX`` candidates
+  stay in registers (tiles of 4096, 8192 or 16384); longer rows are re-read in chunks
+  (``row_config``).
 * Sampled cutoff (rows re-read in chunks beyond ``RESIDENT_MAX``; ``sample_config``): 2048
   evenly spaced candidates give a cutoff (a score key, and an id where the samples tie at it)
   that very likely keeps between ``min(k, valid)`` and ``SAMPLE_CAP`` candidates; one pass keeps
@@ -43,7 +43,7 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   column totals), so the lists are in column order, which no reader depends on.
 * Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
   in-play list on the score key, then the id, then the position, appends the still-needed
-  winners to ``W``. The 16384 tile refines a cutoff bin of more than ``REFINE_MIN`` candidates
+  winners to ``W``. The 8192 and 16384 tiles refine a cutoff bin of more than ``refine_min``
   on the tile instead (``refine_row``: the same three keys by bisection, one count over the
   tile a bit; such a bin is not put in play): a mass tie, such as a short context padded with
   ``-inf`` scores and valid ids.
@@ -95,7 +95,7 @@ MAX_K = 2048
 PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows
-REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile
+REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile (refine_min)
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
 SAMPLE_CAP = 8192  # and keep at most this many at or above it (a register tile); else the histogram passes
@@ -163,20 +163,37 @@ def _check_tile(name: str, v) -> None:
         raise ValueError(f"{name} must be a power of two in 16..16384, got {v}")
 
 
+def register_tile(n: int) -> int:
+    """The register tile of a row of ``n <= RESIDENT_MAX`` candidates: 4096, 8192 or 16384 keys."""
+    return 4096 if n <= 4096 else 8192 if n <= 8192 else RESIDENT_MAX
+
+
+def refine_min(block: int, fr2: int) -> int:
+    """The default ``refine`` of a register tile of ``block`` keys whose finish holds ``fr2``
+    in-play candidates in registers: the 16384 tile refines a cutoff bin of more than
+    ``REFINE_MIN`` candidates (bins of fr2 + 1 .. 8192 go to the finish's chunks: 5 % faster than
+    refining a bin of about 4100, docs/benchmarks_select_kernel.md), a smaller tile every bin
+    beyond the finish's registers (no chunks compiled)."""
+    return REFINE_MIN if block > REFINE_MIN else min(fr2, block)
+
+
 def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     """(block, num_warps, chunk, resident) of the row kernel for ``q`` rows of ``n`` candidates.
 
-    Register tiles of 4096 or 16384 keys (so a new ``N`` reuses a compiled kernel); else chunks
-    re-read from memory: beyond ``RESIDENT_MAX``, and for rows of 4097..8192 candidates (half
-    of a 16384 tile would be padding). Chunks of 4096 with 16 warps. A chunk is a power of two of at
-    most 16384 candidates (the compaction counts two fields of 16 bits in one scan). The 4096
-    register tile takes 16 warps (a row's latency spread over more threads) up to
-    ``FEW_ROWS_MAX`` rows, 4 (several programs an SM) beyond.
+    Register tiles of 4096, 8192 or 16384 keys (``register_tile``; so a new ``N`` reuses a
+    compiled kernel) up to ``RESIDENT_MAX``; beyond, chunks re-read from memory (4096 with 16
+    warps). A chunk is a power of two of at most 16384 candidates (the compaction counts two
+    fields of 16 bits in one scan). The 4096 register tile takes 16 warps (a row's latency spread
+    over more threads) up to ``FEW_ROWS_MAX`` rows, 4 (several programs an SM) beyond; the
+    larger tiles 16.
 
-    H200, k = 2048, graph replay (bench_select_kernel.py --variants --grid tiles, records
-    select_kernel_h200_tiles_*5e5e4c2*.json): at N = 6000 and 8192 the chunks took 0.94-0.98x
-    the 16384 register tile's time from 8 to 128 rows (random and tied scores), at N = 12000
-    and 16384 1.05-1.11x (tied scores; so not there); at N = 2500 and 4096 16 warps took
+    H200, k = 2048, graph replay (bench_select_kernel.py --variants --grid tile8k, record
+    select_kernel_h200_tile8k.json): at N = 6000 and 8192, 8 to 4096 rows, the 8192 tile took
+    0.86-0.92x the time of chunks of 4096 (the default before) with random scores, 0.63-0.78x
+    with a short context padded with -inf (its cutoff bin refined on the tile), 0.91-0.95x with
+    a quarter of the row tied; with 8 warps 1.01-1.19x its time with 16. (Before, the 16384
+    tile had taken 1.02-1.06x the chunks' time there: records select_kernel_h200_tiles_*5e5e4c2*.)
+    At N = 2500 and 4096 16 warps took
     0.79-0.94x the time of 4 up to 128 rows, 0.99-1.11x from 256. Rows beyond 32768 took 32
     warps and chunks of 8192 up to 01c5110 (0.85-0.97x the 16 warps' time with three passes over
     the row, d38c0dd's record); with the sampled cutoff (``sample_config``) 16 warps take
@@ -184,12 +201,12 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
     select_kernel_h200_sampled_grid_83ddd4e.json), where 32 warps' 64 registers a thread spill.
     """
     if resident is None:
-        resident = n <= 4096 or 8192 < n <= RESIDENT_MAX
+        resident = n <= RESIDENT_MAX
     if resident and n > RESIDENT_MAX:
         raise ValueError(f"resident=True holds at most {RESIDENT_MAX} candidates a row in registers, got N={n}")
     if chunk is not None:
         _check_tile("chunk", chunk)
-    block = (4096 if n <= 4096 else RESIDENT_MAX) if resident else max(16, select_staged.next_pow2(n))
+    block = register_tile(n) if resident else max(16, select_staged.next_pow2(n))
     if num_warps is None:
         if resident:
             num_warps = 16 if block > 4096 or q <= FEW_ROWS_MAX else 4
@@ -484,7 +501,7 @@ if _HAVE_TRITON:
             s = score_key(b, i)
             nsel, P, above, m = cutoff_search(s, K)
             all_in = (nsel - above == m).to(tl.int32)
-            # a cutoff bin of more than REFINE candidates in the 16384 tile is refined on the
+            # a cutoff bin of more than REFINE candidates in the 8192 or 16384 tile is refined on the
             # tile (refine_row), not put in play
             if FR2 < BLOCK and REFINE < BLOCK:
                 refine = (nsel - above < m) & (m > REFINE)
@@ -562,8 +579,9 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           path: str | None = None, order: str | None = None, num_warps: int | None = None,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
-                          refine: int | None = None, sample: int | None = None, sample_cap: int | None = None,
-                          order_buckets: int | None = None, sample_hits: torch.Tensor | None = None,
+                          refine: int | None = None, fin_resident: int | None = None, sample: int | None = None,
+                          sample_cap: int | None = None, order_buckets: int | None = None,
+                          sample_hits: torch.Tensor | None = None,
                           staged: dict | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
@@ -574,10 +592,12 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``choose_path``). ``order``: the final ordering, ``"rank"`` or ``"sort"`` (default by Q,
     ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``chunk``,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
-    (the 16384 register tile refines a cutoff bin of more candidates than this on the tile,
-    default ``REFINE_MIN``; smaller bins go to the finish, in registers up to 4096, in chunks
-    beyond; 0: every bin refined, no finish compiled; 16384 or more: none, and no refinement
-    compiled), ``sample`` and ``sample_cap`` (rows re-read
+    (the 8192 and 16384 register tiles refine a cutoff bin of more candidates than this on the
+    tile, default ``refine_min``; smaller bins go to the finish, in registers up to
+    ``fin_resident``, in chunks beyond; 0: every bin refined, no finish compiled; the tile's size
+    or more: none, and no refinement compiled), ``fin_resident`` (the in-play candidates the
+    row kernel's finish holds in registers: 4096, the default, or 8192), ``sample`` and
+    ``sample_cap`` (rows re-read
     in chunks: the sampled cutoff's sample and tile, ``sample_config``; ``sample=0``: none),
     ``order_buckets`` (the buckets of the row kernel's ordering, ``radix.order_row``: k rounded
     up to a power of two, or twice that; default ``ORDER_BUCKETS`` times the first), and
@@ -599,14 +619,15 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         # Triton launches on the current device, whatever device the tensors are on
         with torch.cuda.device(scores.device):
             return triton_ordered_select(scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk,
-                                         resident=resident, radix_bits=radix_bits, refine=refine, sample=sample,
-                                         sample_cap=sample_cap, order_buckets=order_buckets, sample_hits=sample_hits,
-                                         staged=staged)
+                                         resident=resident, radix_bits=radix_bits, refine=refine,
+                                         fin_resident=fin_resident, sample=sample, sample_cap=sample_cap,
+                                         order_buckets=order_buckets, sample_hits=sample_hits, staged=staged)
     k = int(k)
     q, n = scores.shape
     if not supports(n, k):
         raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
-    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, order_buckets, sample_hits)
+    row_opts = (num_warps, chunk, resident, radix_bits, refine, fin_resident, sample, sample_cap, order_buckets,
+                sample_hits)
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     if path is None:  # an option of one path asks for that path; else the dispatcher decides
         if any(o is not None for o in row_opts):
@@ -652,7 +673,13 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         sample_hits.zero_()
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
     fr1, fr2 = select_staged.finish_tiers(False, 0)
-    refine = REFINE_MIN if refine is None else int(refine)
+    if fin_resident is not None:
+        if int(fin_resident) not in (fr2, 2 * fr2):
+            raise ValueError(f"fin_resident must be {fr2} or {2 * fr2}, got {fin_resident}")
+        fr2 = int(fin_resident)
+    if resident:
+        fr2 = min(fr2, block)  # (the finish never holds more than the tile)
+    refine = refine_min(block, fr2) if refine is None else int(refine)
     if refine < 0:
         raise ValueError(f"refine must be >= 0, got {refine}")
     hits = sample_hits is not None and n_sample > 0

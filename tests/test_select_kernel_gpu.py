@@ -187,7 +187,8 @@ SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False),
             "staged_finish": dict(staged=dict(rank_play=0)),  # the finish picks every cutoff bin's winners
             "staged_rank16": dict(staged=dict(rank_play=16, rank_cols=16)),  # cutoff bins of <= 16 ranked; short rank steps
-            "row_regs": dict(path="row", resident=True),  # the 16384 register tile at N = 6144 (row_config: chunks)
+            # the finish holds 8192 in-play candidates in registers (at N = 6144: every cutoff bin, none refined)
+            "row_fin8k": dict(path="row", fin_resident=8192),
             "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # 32 warps, chunks of 8192
             "row_chunk128": dict(resident=False, chunk=128)}  # chunks narrower than radix.SLOT_COLS
 
@@ -356,7 +357,7 @@ def test_row_mass_tie_in_registers(kind, refine):
     lengths that are not powers of two. ``refine`` 0: every cutoff bin not taken whole is refined,
     however small (no finish compiled); 16384: none (the finish's chunks; no refinement compiled)."""
     _require_kernel()
-    for n, k in ((16384, 2047), (12000, 700), (9000, 1)):
+    for n, k in ((16384, 2047), (12000, 700), (9000, 1), (6000, 999)):  # (6000: the 8192 tile)
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
         got = run_kernel(scores, ids, k, path="row", **({} if refine is None else dict(refine=refine)))
         check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k}")
@@ -681,6 +682,9 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError, match="refine"):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      refine=-1)
+        with pytest.raises(ValueError, match="fin_resident"):  # the finish's registers: 4096 or 8192
+            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
+                                     fin_resident=2048)
         with pytest.raises(ValueError, match="row kernel options"):  # refine is the row kernel's
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      path="staged", refine=0)
