@@ -296,9 +296,11 @@ if _HAVE_TRITON:
     @triton.jit
     def chunk_hist(sc_row, id_row, N, d1, CHUNK: tl.constexpr, PASS: tl.constexpr):
         h = tl.zeros([64], dtype=tl.int32)
+        b, i = load_chunk(sc_row, id_row, 0, N, CHUNK)
         for c0 in range(0, N, CHUNK):
-            b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
-            h += digit_hist(top12_valid(score_key(b, i)), d1, PASS)
+            u = top12_valid(score_key(b, i))
+            b, i = load_chunk(sc_row, id_row, c0 + CHUNK, N, CHUNK)  # the next chunk's reads, in flight meanwhile
+            h += digit_hist(u, d1, PASS)
         return h
 
     @triton.jit
@@ -391,15 +393,16 @@ if _HAVE_TRITON:
     def sample_pass(sc_row, id_row, sb_row, N, T, V, CHUNK: tl.constexpr, CAP: tl.constexpr):
         # the positions of the row's candidates that come first in the order down to (T, V)
         # (score key > T, or = T with id <= V; T > the invalid key) to sb_row, the first CAP of
-        # them: one pass over the chunks (a for loop, as the compaction: no reduction gates the
-        # next chunk's loads). Returns how many were found (> CAP: not all kept) and how many
-        # valid candidates the row holds
+        # them: one pass over the chunks, each chunk's reads issued before the previous chunk
+        # is scanned. Returns how many were found (> CAP: not all kept) and how many valid
+        # candidates the row holds
         cnt = T * 0
         nv = T * 0
+        b, i = load_chunk(sc_row, id_row, 0, N, CHUNK)
         for c0 in range(0, N, CHUNK):
-            b, i = load_chunk(sc_row, id_row, c0, N, CHUNK)
             s = score_key(b, i)
             sel = (s > T) | ((s == T) & (i <= V))
+            b, i = load_chunk(sc_row, id_row, c0 + CHUNK, N, CHUNK)  # the next chunk
             incl, tot = scan_slots(sel.to(tl.int32) + ((s != -2147483648).to(tl.int32) << 16), CHUNK)
             slot = cnt + (incl & 0xFFFF) - 1
             tl.store(sb_row + slot, c0 + tl.arange(0, CHUNK), mask=sel & (slot < CAP))
@@ -540,8 +543,11 @@ if _HAVE_TRITON:
                 all_in = (nsel - above == m).to(tl.int32)
                 wbase = nsel * 0
                 pbase = nsel * 0
+                bn, i_n = load_chunk(sc_row, id_row, 0, N, CHUNK)
                 for c0 in range(0, N, CHUNK):
-                    bc, ic = load_chunk(sc_row, id_row, c0, N, CHUNK)
+                    bc = bn
+                    ic = i_n
+                    bn, i_n = load_chunk(sc_row, id_row, c0 + CHUNK, N, CHUNK)  # the next chunk
                     wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
                                                 wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
