@@ -39,7 +39,7 @@ def test_row_tiles():
     s = (sk.SAMPLE, sk.SAMPLE_CAP)
     assert sk.launch_plan(8, 8192, 2048)[3:] == (8192, 16, 4096, True, 0, 0)  # 4097..8192 a row: the 8192 tile
     assert sk.launch_plan(4096, 4097, 2048)[3:] == (8192, 16, 4096, True, 0, 0)
-    assert sk.launch_plan(64, 6000, 2048, 132)[:3] == sk.launch_plan(64, 8192, 2048)[:3]
+    assert sk.launch_plan(64, 6000, 2048) == sk.launch_plan(64, 8192, 2048) != sk.launch_plan(64, 8193, 2048)
     assert sk.row_config(6000, 64, resident=False) == (4096, 16, 4096, False)  # chunks: an option
     assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True, 0, 0)
     assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True, 0, 0)  # up to FEW_ROWS_MAX: 16 warps
