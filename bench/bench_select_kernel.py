@@ -64,8 +64,9 @@ GRIDS = {
     # and the staged path, with --variants (record select_kernel_h200_finish_*.json)
     "finish": [(n, q) for n in (8192, 16384) for q in (64, 1024)] + [(65536, 1024), (131072, 8)]
     + [(n, 1) for n in (32768, 65536, 131072)],
-    # the 8192 register tile (rows of 4097..8192) against the chunks it replaced, and the
-    # finish's registers (fin_resident) of the 16384 tile; with --variants
+    # the 8192 register tile (rows of 4097..8192) against the chunks it replaced, and rows of
+    # 12000 and 16384; with --variants (record select_kernel_h200_tile8k.json, where the
+    # variant row_fin8k was the row kernel's option fin_resident=8192, dropped since)
     "tile8k": [(n, q) for n in (6000, 8192) for q in (8, 64, 256, 1024, 4096)]
     + [(n, q) for n in (12000, 16384) for q in (64, 1024, 4096)],
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
@@ -168,9 +169,6 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
         v.update(row_nosample=dict(resident=False, sample=0),
                  row_c16n=dict(resident=False, num_warps=16, chunk=4096, sample=0),
                  row_c32n=dict(resident=False, num_warps=32, chunk=8192, sample=0))
-    if q > 4 and 4096 < n <= 16384:  # the finish holds 8192 in-play candidates in registers (the 8192 tile:
-        # every cutoff bin, none refined; the 16384 tile: bins up to REFINE_MIN, no chunks)
-        v["row_fin8k"] = dict(fin_resident=8192)
     if q > 4 and 4096 < n <= 8192:  # the sampled cutoff where row_config reads chunks but sample_config does not
         v["row_sample1k"] = dict(resident=False, sample=1024, sample_cap=4096)
     if q > 4 and 8192 < n <= 16384:  # chunks with the sampled cutoff where row_config holds the row in registers

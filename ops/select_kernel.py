@@ -585,9 +585,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           path: str | None = None, order: str | None = None, num_warps: int | None = None,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
-                          refine: int | None = None, fin_resident: int | None = None, sample: int | None = None,
-                          sample_cap: int | None = None, order_buckets: int | None = None,
-                          sample_hits: torch.Tensor | None = None,
+                          refine: int | None = None, sample: int | None = None, sample_cap: int | None = None,
+                          order_buckets: int | None = None, sample_hits: torch.Tensor | None = None,
                           staged: dict | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
@@ -599,11 +598,9 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``chunk``,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
     (the 8192 and 16384 register tiles refine a cutoff bin of more candidates than this on the
-    tile, default ``refine_min``; smaller bins go to the finish, in registers up to
-    ``fin_resident``, in chunks beyond; 0: every bin refined, no finish compiled; the tile's size
-    or more: none, and no refinement compiled), ``fin_resident`` (the in-play candidates the
-    row kernel's finish holds in registers: 4096, the default, or 8192), ``sample`` and
-    ``sample_cap`` (rows re-read
+    tile, default ``refine_min``; smaller bins go to the finish, in registers up to 4096, in
+    chunks beyond; 0: every bin refined, no finish compiled; the tile's size or more: none, and
+    no refinement compiled), ``sample`` and ``sample_cap`` (rows re-read
     in chunks: the sampled cutoff's sample and tile, ``sample_config``; ``sample=0``: none),
     ``order_buckets`` (the buckets of the row kernel's ordering, ``radix.order_row``: k rounded
     up to a power of two, or twice that; default ``ORDER_BUCKETS`` times the first), and
@@ -625,15 +622,14 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         # Triton launches on the current device, whatever device the tensors are on
         with torch.cuda.device(scores.device):
             return triton_ordered_select(scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk,
-                                         resident=resident, radix_bits=radix_bits, refine=refine,
-                                         fin_resident=fin_resident, sample=sample, sample_cap=sample_cap,
-                                         order_buckets=order_buckets, sample_hits=sample_hits, staged=staged)
+                                         resident=resident, radix_bits=radix_bits, refine=refine, sample=sample,
+                                         sample_cap=sample_cap, order_buckets=order_buckets, sample_hits=sample_hits,
+                                         staged=staged)
     k = int(k)
     q, n = scores.shape
     if not supports(n, k):
         raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
-    row_opts = (num_warps, chunk, resident, radix_bits, refine, fin_resident, sample, sample_cap, order_buckets,
-                sample_hits)
+    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, order_buckets, sample_hits)
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     if path is None:  # an option of one path asks for that path; else the dispatcher decides
         if any(o is not None for o in row_opts):
@@ -679,12 +675,6 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         sample_hits.zero_()
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
     fr1, fr2 = select_staged.finish_tiers(False, 0)
-    if fin_resident is not None:
-        if int(fin_resident) not in (fr2, 2 * fr2):
-            raise ValueError(f"fin_resident must be {fr2} or {2 * fr2}, got {fin_resident}")
-        fr2 = int(fin_resident)
-    if resident:
-        fr2 = min(fr2, block)  # (the finish never holds more than the tile)
     refine = refine_min(block, fr2) if refine is None else int(refine)
     if refine < 0:
         raise ValueError(f"refine must be >= 0, got {refine}")

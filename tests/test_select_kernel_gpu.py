@@ -187,8 +187,6 @@ SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False),
             "staged_finish": dict(staged=dict(rank_play=0)),  # the finish picks every cutoff bin's winners
             "staged_rank16": dict(staged=dict(rank_play=16, rank_cols=16)),  # cutoff bins of <= 16 ranked; short rank steps
-            # the finish holds 8192 in-play candidates in registers (at N = 6144: every cutoff bin, none refined)
-            "row_fin8k": dict(path="row", fin_resident=8192),
             "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # 32 warps, chunks of 8192
             "row_chunk128": dict(resident=False, chunk=128)}  # chunks narrower than radix.SLOT_COLS
 
@@ -682,9 +680,6 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError, match="refine"):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      refine=-1)
-        with pytest.raises(ValueError, match="fin_resident"):  # the finish's registers: 4096 or 8192
-            sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
-                                     fin_resident=2048)
         with pytest.raises(ValueError, match="row kernel options"):  # refine is the row kernel's
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      path="staged", refine=0)
