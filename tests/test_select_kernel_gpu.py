@@ -252,9 +252,12 @@ def test_final_orderings(kind, path, order):
     """Both final orderings after both paths: the rank kernel (winners counted before each), or
     torch.sort (any tie order) and a decode that puts equal keys in position order."""
     _require_kernel()
-    scores, ids = make_case(kind, 3, 6144, 2048, seed=5)
-    got = run_kernel(scores, ids, 2048, path=path, order=order)
-    check_equal(got, ref_packed(scores, ids, 2048), f"{kind} path={path} order={order}")
+    # (Triton's interpreter: the rank kernel's 2048 x 2048 comparisons a row took 9-34 s a case,
+    # a third of CI's subset; there it ranks 512 winners, the GPU 2048)
+    k = 512 if INTERPRET and order == "rank" else 2048
+    scores, ids = make_case(kind, 3, 6144, k, seed=5)
+    got = run_kernel(scores, ids, k, path=path, order=order)
+    check_equal(got, ref_packed(scores, ids, k), f"{kind} path={path} order={order} k={k}")
 
 
 def _clustered(kind: str, q: int, n: int, seed: int):
