@@ -11,7 +11,8 @@ digit widths, empty rows and bad input, the staged cutoff bin at the rank_play b
 kernel's sampled cutoff (kept, not kept, at the tile's boundary).
 The same kernels run compiled on the GPU machine (the whole of that file). Skipped where Triton
 does not import. With pytest-xdist (the ``test`` extra) the subset runs on two workers: about 190 s
-against 330 serially on CI's two cores.
+against 330 serially on CI's two cores (measured then); 272 s on a slower shared 2-core box
+(2026-12-02, 446 tests).
 """
 from __future__ import annotations
 
