@@ -69,9 +69,9 @@ GRIDS = {
     # variant row_fin8k was the row kernel's option fin_resident=8192, dropped since)
     "tile8k": [(n, q) for n in (6000, 8192) for q in (8, 64, 256, 1024, 4096)]
     + [(n, q) for n in (12000, 16384) for q in (64, 1024, 4096)],
-    # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks) and of
-    # 8193..16384 (registers), rows around 32768, the 4096 tile's warps around FEW_ROWS_MAX;
-    # with --variants
+    # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks until the 8192
+    # tile: grid tile8k) and of 8193..16384 (registers), rows around 32768, the 4096 tile's warps
+    # around FEW_ROWS_MAX; with --variants
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
@@ -134,8 +134,9 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
     v = {"row": dict(path="row"), "row_sort": dict(path="row", order="sort"),
          # the finish's digit width (radix_bits, default 5)
          "row_d4": dict(radix_bits=4), "row_d6": dict(radix_bits=6), "row_d8": dict(radix_bits=8),
-         # the 16384 tile refines cutoff bins of more than 4096 candidates (the finish's registers;
-         # default REFINE_MIN 8192), every bin (no finish compiled), or none (the finish's chunks)
+         # the 8192 / 16384 tiles refine cutoff bins of more than 4096 candidates (the finish's
+         # registers; default select_kernel.refine_min: 4096 / 8192), every bin (no finish
+         # compiled), or none (the finish's chunks)
          "row_refine4k": dict(refine=4096), "row_refine_all": dict(refine=0), "row_norefine": dict(refine=16384),
          # the row kernel's ordering over as many buckets as winner slots (default twice as many)
          "row_ob1x": dict(order_buckets=max(2, 1 << (k - 1).bit_length())),
@@ -158,9 +159,8 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
     if q >= 64:  # row kernel tiles: registers with 8 warps, or chunks re-read with 4 / 8 warps
         v.update(row_w8=dict(num_warps=8), row_w32=dict(num_warps=32), row_c4=dict(resident=False, num_warps=4, chunk=1024),
                  row_c8=dict(resident=False, num_warps=8, chunk=2048))
-    if q > 4:  # the tiles row_config chooses between, forced (its thresholds: --grid tiles)
-        if n <= 16384:
-            v["row_regs"] = dict(resident=True)
+    if q > 4:  # the tiles row_config chooses between, forced (its thresholds: --grid tiles; row_regs,
+        # the register tile forced, in the records up to ce9952e, is every row's default up to 16384 since)
         if n <= 4096:  # the 4096 register tile with 4 or 16 warps
             v.update(row_w4=dict(resident=True, num_warps=4), row_w16=dict(resident=True, num_warps=16))
         v.update(row_c16=dict(resident=False, num_warps=16, chunk=4096),
@@ -169,7 +169,7 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
         v.update(row_nosample=dict(resident=False, sample=0),
                  row_c16n=dict(resident=False, num_warps=16, chunk=4096, sample=0),
                  row_c32n=dict(resident=False, num_warps=32, chunk=8192, sample=0))
-    if q > 4 and 4096 < n <= 8192:  # the sampled cutoff where row_config reads chunks but sample_config does not
+    if q > 4 and 4096 < n <= 8192:  # chunks with a sampled cutoff where row_config holds the 8192 tile
         v["row_sample1k"] = dict(resident=False, sample=1024, sample_cap=4096)
     if q > 4 and 8192 < n <= 16384:  # chunks with the sampled cutoff where row_config holds the row in registers
         v["row_sampled"] = dict(resident=False, sample=2048)

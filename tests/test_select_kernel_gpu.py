@@ -352,11 +352,12 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
 @pytest.mark.parametrize("refine", [None, 0, 16384], ids=["refine", "refine_all", "chunks"])
 @pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
 def test_row_mass_tie_in_registers(kind, refine):
-    """The row kernel's register tile with a cutoff bin of more candidates than the finish's
-    registers hold (refined on the row read again as a tile: the score key, then the id, then
-    the position) when it holds more than ``select_kernel.REFINE_MIN``, at several k and row
-    lengths that are not powers of two. ``refine`` 0: every cutoff bin not taken whole is refined,
-    however small (no finish compiled); 16384: none (the finish's chunks; no refinement compiled)."""
+    """The row kernel's 8192 and 16384 register tiles with a cutoff bin of more candidates than
+    the finish's registers hold (refined on the row read again as a tile: the score key, then the
+    id, then the position) when it holds more than ``select_kernel.refine_min`` (4096 / 8192), at
+    several k and row lengths that are not powers of two. ``refine`` 0: every cutoff bin not taken
+    whole is refined, however small (no finish compiled); 16384: none (the finish's chunks; no
+    refinement compiled)."""
     _require_kernel()
     for n, k in ((16384, 2047), (12000, 700), (9000, 1), (6000, 999)):  # (6000: the 8192 tile)
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
