@@ -41,9 +41,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
-from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bucket_counts, bucket_kernel, generic_jit, load_chunk, order_row,  # noqa: E402
-                               pick_digit, put_winners, score_key, split_buckets, top_digit, winner_workspace,
-                               write_ranked)
+from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bucket_counts, bucket_kernel, generic_jit, key_id,  # noqa: E402
+                               load_chunk, order_row, pick_digit, put_winners, rank_in_bucket, score_key, score_bits,
+                               split_buckets, top_digit, winner_workspace, write_ordered)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
 ORDER_NB = tl.constexpr(sk.ORDER_BUCKETS)  # the production ordering's buckets, in units of KB
@@ -61,6 +61,16 @@ def compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row):
     incl = tl.cumsum(win.to(tl.int32) + (play.to(tl.int32) << 16), 0)
     put_winners(wk_row, wv_row, wo_row, (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), b, o)
     tl.store(p_row + (incl >> 16) - 1, o, mask=play)
+
+
+@triton.jit
+def write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K):
+    # radix.write_ordered as it was up to session 6 of 2026-12-02: ids and score bits (from W)
+    # stored at the winners' ranks, scattered
+    val = tl.load(wv_row + j, mask=live, other=-8388608)
+    mk = dest < K
+    tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
+    tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
 
 
 @triton.jit
@@ -96,12 +106,117 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
 
 
+@triton.jit(noinline=True)
+def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row, KB: tl.constexpr,
+                SPLIT_AT: tl.constexpr, NB: tl.constexpr, LKEYS: tl.constexpr, SCATTER: tl.constexpr,
+                WVLOAD: tl.constexpr, TWOKEY: tl.constexpr, OSTOP: tl.constexpr):
+    # radix.order_row (flags 0: the production code) stopped after its sub-phase OSTOP (1 bucket
+    # sizes and slots, 2 offsets (and the second level), 3 the member lists, 4 the in-bucket
+    # count, 5 the output), and bench variants:
+    # LKEYS: the members' packed keys and positions are stored once in bucket order (global
+    #   scratch, read through L1) where production stores their indices and gathers keys and
+    #   positions from registers (tl.gather: shared memory, barriers, each step of the count);
+    #   a step of the count loads one key; positions are read only in a second count that runs
+    #   when two winners share a packed key (duplicate ids, NaN scores).
+    # SCATTER: ids and scores stored at the winners' ranks (write_ranked; production up to
+    #   session 6 of 2026-12-02) where production writes the output row in order (coalesced:
+    #   radix.write_ordered).
+    # WVLOAD: the score bits from W (production up to session 6; the compaction stores them
+    #   then) where production rebuilds them from the keys (radix.score_bits).
+    # TWOKEY: each step of the in-bucket count gathers a key and a position (production up to
+    #   session 6) where production gathers the key, and positions only in a second count where
+    #   two winners share a key.
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+    if OSTOP == 1:
+        tl.store(oid_row + j, slot + tl.sum(c, 0), mask=j < K)
+    else:
+        big = tl.max(c, 0)
+        off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
+        cb = tl.where(live, tl.gather(c, bkt, 0), 0)
+        if big > SPLIT_AT:
+            sub, slot, cc = split_buckets(key, live, off, cb, j, z_row, KB)
+            big = tl.max(cc, 0)
+            cb = tl.where(live, tl.gather(cc, sub, 0), 0)
+            off = tl.where(live, tl.gather(tl.cumsum(cc, 0) - cc, sub, 0), 0)
+        if OSTOP == 2:
+            tl.store(oid_row + j, off + cb + slot, mask=j < K)
+        else:
+            r = tl.zeros([KB], dtype=tl.int32)
+            if LKEYS:
+                lk = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))  # (the second level's key ranges: read already)
+                lp = z_row + 2 * KB
+                if big > 1:
+                    tl.store(lk + off + slot, key, mask=live)
+                    tl.store(lp + off + slot, o, mask=live)
+                    tl.debug_barrier()
+                    if OSTOP == 3:
+                        tl.store(oid_row + j, off + cb, mask=j < K)
+                    else:
+                        eq = tl.zeros([KB], dtype=tl.int32)
+                        for t in range(0, big):
+                            mt = live & (t < cb)
+                            at = tl.minimum(off + t, KB - 1)
+                            ko = tl.load(lk + at, mask=mt, other=-1)  # (a live key is >= 0)
+                            r += (ko > key).to(tl.int32)
+                            eq += (ko == key).to(tl.int32)
+                        if tl.max(eq, 0) > 1:  # a packed key twice: equal keys in position order
+                            r = tl.zeros([KB], dtype=tl.int32)
+                            for t in range(0, big):
+                                mt = live & (t < cb)
+                                at = tl.minimum(off + t, KB - 1)
+                                ko = tl.load(lk + at, mask=mt, other=-1)
+                                oo = tl.load(lp + at, mask=mt, other=0)
+                                r += ((ko > key) | ((ko == key) & (oo < o))).to(tl.int32)
+            else:
+                if big > 1:
+                    lst = z_row + 2 * KB
+                    tl.store(lst + off + slot, j, mask=live)
+                    tl.debug_barrier()
+                    members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0),
+                                         KB - 1)
+                    mkey = tl.gather(key, members, 0)
+                    if TWOKEY:
+                        mo = tl.gather(o, members, 0)
+                        if OSTOP == 3:
+                            tl.store(oid_row + j, (mkey + mo).to(tl.int32) + off + cb, mask=j < K)
+                        else:
+                            for t in range(0, big):
+                                mt = live & (t < cb)
+                                at = tl.minimum(off + t, KB - 1)
+                                ko = tl.gather(mkey, at, 0)
+                                oo = tl.gather(mo, at, 0)
+                                r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
+                    elif OSTOP == 3:
+                        tl.store(oid_row + j, mkey.to(tl.int32) + off + cb, mask=j < K)
+                    else:  # (rank_in_bucket gathers the keys again: timed with the count)
+                        r = rank_in_bucket(key, o, live, off, cb, members, big, KB)
+            if OSTOP == 4:
+                tl.store(oid_row + j, off + r, mask=j < K)
+            elif OSTOP == 5:
+                dest = tl.where(live, off + r, j)
+                if SCATTER:
+                    if WVLOAD:
+                        write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K)
+                    else:
+                        val = score_bits(key, o, live, sc_row)
+                        mk = dest < K
+                        tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
+                        tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+                else:
+                    if WVLOAD:
+                        val = tl.load(wv_row + j, mask=live, other=-8388608)
+                    else:
+                        val = score_bits(key, o, live, sc_row)
+                    write_ordered(oid_row, osc_row, key, val, j, dest, nsel, z_row + 3 * KB, K, KB)
+
+
 @generic_jit
 def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr,
                        N, K, s_sq, s_iq, s_oi, s_os,
                        BLOCK: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
                        FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr,
-                       HIST: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr):
+                       HIST: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
+                       OSTOP: tl.constexpr):
     # select_kernel._row_kernel (resident tile) up to phase STOP
     row = tl.program_id(0).to(tl.int64)
     sc_row = sc_ptr + row * s_sq
@@ -127,7 +242,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
             else:
                 rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                             cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                            FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT)
+                            FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP)
     else:
         nsel, P, above, m = sk.cutoff_search(s, K)
         all_in = (nsel - above == m).to(tl.int32)
@@ -136,15 +251,18 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
         else:
             rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                         cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                        FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT)
+                        FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP)
 
 
 @triton.jit
 def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr,
                 z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK: tl.constexpr, KB: tl.constexpr,
                 D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr,
-                SCAN1D: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr):
-    # the phases after the cutoff prefix: compaction (3), finish (4), ordering (5)
+                SCAN1D: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
+                OSTOP: tl.constexpr):
+    # the phases after the cutoff prefix: compaction (3), finish (4), ordering (5; ORDV > 0 or
+    # OSTOP < 5: order_row_v, ORDV bit 0 LKEYS, bit 1 SCATTER, bit 2 WVLOAD, bit 3 TWOKEY, stopped after
+    # its sub-phase OSTOP)
     wk_row = wk_ptr + row * KB
     wv_row = wv_ptr + row * KB
     wo_row = wo_ptr + row * KB
@@ -152,8 +270,8 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
     o = tl.arange(0, BLOCK)
     if SCAN1D:
         compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row)
-    else:
-        sk.compact_tile(s, b, i, o, P, all_in, 1, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK)
+    else:  # W gets the score bits where the ordering reads them
+        sk.compact_tile(s, b, i, o, P, all_in, 1, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK, SCRATCH or (ORDV & 4) > 0)
     if STOP == 3:
         tl.store(cnt_ptr + row, nsel)
     else:
@@ -162,16 +280,20 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                    above, m, KB, D, CH, FR1, FR2)
         if STOP == 5:
             tl.debug_barrier()
-            if SCRATCH:
+            if ORDV > 0 or OSTOP < 5:
+                order_row_v(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
+                            osc_ptr + row * s_os, K, sc_ptr + row * s_sq, KB, SPLIT_AT, ORDER_NB * KB, ORDV & 1,
+                            (ORDV >> 1) & 1, (ORDV >> 2) & 1, ORDV >> 3, OSTOP)
+            elif SCRATCH:
                 order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
-                order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
+                order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_ptr + row * s_sq,
                           oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, ORDER_NB * KB)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
-               scratch=False, split_at=None):
+               scratch=False, split_at=None, ordv=0, ostop=5):
     """The row kernel (resident tile) up to phase ``stop``; returns (ids, scores) at stop 5.
     ``split``: the row kernel stops after the finish and ``radix.bucket_kernel`` (``split_warps``
     warps, at most ``maxnreg`` registers a thread) orders the winners."""
@@ -188,11 +310,12 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     _row_prefix_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0),
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
                              FR1=fr1, FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
-                             SPLIT_AT=SPLIT.value if split_at is None else int(split_at),
-                             num_warps=nw)
+                             SPLIT_AT=SPLIT.value if split_at is None else int(split_at), ORDV=int(ordv),
+                             OSTOP=int(ostop), num_warps=nw)
     if split:
-        bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
-                            num_warps=split_warps, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
+        bucket_kernel[(q,)](wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
+                            out_sc.stride(0), KB=kb, num_warps=split_warps,
+                            **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     return out_ids, out_sc
 
 
@@ -218,7 +341,7 @@ def ptx_counts(arch: int = 90) -> int:
 
     fr1, fr2 = st.finish_tiers(False, 0)
     consts = dict(BLOCK=16384, KB=2048, D=5, CH=2048, FR1=fr1, FR2=fr2, HIST=False,
-                  SCRATCH=False, SCAN1D=False, SPLIT_AT=SPLIT.value)
+                  SCRATCH=False, SCAN1D=False, SPLIT_AT=SPLIT.value, ORDV=0, OSTOP=5)
 
     def count(stop, **kw):
         return instructions(compile_one(_row_prefix_kernel, dict(consts, STOP=stop, **kw), 16, arch).asm["ptx"])
@@ -242,7 +365,11 @@ VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True),
             "split32": dict(split=True, split_warps=32),
             "split8r80": dict(split=True, split_warps=8, maxnreg=80),
             "split8r128": dict(split=True, split_warps=8, maxnreg=128),
-            "split4r128": dict(split=True, split_warps=4, maxnreg=128)}
+            "split4r128": dict(split=True, split_warps=4, maxnreg=128),
+            # the ordering's sub-phases (order_row_v, OSTOP) and its bench variants
+            "ostops": dict(ordv=0), "lkeys": dict(ordv=1), "scatter": dict(ordv=2), "wvload": dict(ordv=4),
+            "twokey": dict(ordv=8), "s6before": dict(ordv=14)}
+OSTOPS = ("+o.buckets", "+o.offsets", "+o.members", "+o.count", "+o.out")
 
 
 def main(argv=None) -> int:
@@ -274,13 +401,20 @@ def main(argv=None) -> int:
                 exact = bool(torch.equal(got[0], ref[0]) and torch.equal(got[1].view(torch.int32),
                                                                           ref[1].view(torch.int32)))
                 prev = 0.0
-                for stop, sname in enumerate(STOPS):
+                if "ordv" in kw:  # the ordering's sub-phases: from the finish on
+                    steps = [(4, 5, STOPS[4])] + [(5, o + 1, name) for o, name in enumerate(OSTOPS)
+                                                  if kw["ordv"] in (0, 1, 8, 14) or o == 4]
+                else:
+                    steps = [(stop, 5, sname) for stop, sname in enumerate(STOPS)]
+                for stop, ostop, sname in steps:
                     if stop == 1 and not kw.get("hist"):
                         continue  # the bisection has no first half
-                    if vname != "default" and stop < (5 if ("split" in kw or "split_at" in kw or kw == dict(scratch=True)) else
-                                                      1 if kw.get("hist") else 3):
+                    if vname != "default" and "ordv" not in kw and stop < (
+                            5 if ("split" in kw or "split_at" in kw or kw == dict(scratch=True)) else
+                            1 if kw.get("hist") else 3):
                         continue  # a variant changes only its phase and those after it
-                    ms = time_graph(lambda s, i, stop=stop, kw=kw: row_prefix(s, i, k, stop, **kw), sets, 10, 10)
+                    kw2 = dict(kw, ostop=ostop) if "ordv" in kw else kw
+                    ms = time_graph(lambda s, i, stop=stop, kw2=kw2: row_prefix(s, i, k, stop, **kw2), sets, 10, 10)
                     recs.append(dict(kind="prefix", variant=vname, pattern=pattern, q=q, n=n, stage=sname,
                                      graph_ms=ms, stage_ms=ms - prev if prev else None, exact=exact))
                     prev = ms

@@ -50,7 +50,7 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
         out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
         out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
         return radix.order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, None, st.rank_tile(q, kb, n_sm, binned),
-                                   binned=(z, zs, st.HIST_BITS) if binned else None, span=span)
+                                   binned=(z, zs, st.HIST_BITS) if binned else None, span=span, scores=scores)
     return z
 
 

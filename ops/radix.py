@@ -143,11 +143,18 @@ def scan_slots(x, T: tl.constexpr):
 
 
 @triton.jit
-def put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o):
-    # winners (mask win) to their W slots: packed key, raw score bits, position
+def put_keys(wk_row, wo_row, slot, win, s, v, o):
+    # winners (mask win) to their W slots: packed key and position (the row kernel's ordering
+    # takes the score bits from the key: score_bits)
     tl.store(wk_row + slot, packed_key(s, v), mask=win)
-    tl.store(wv_row + slot, b, mask=win)
     tl.store(wo_row + slot, o, mask=win)
+
+
+@triton.jit
+def put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o):
+    # winners (mask win) to their W slots: packed key, position, raw score bits
+    put_keys(wk_row, wo_row, slot, win, s, v, o)
+    tl.store(wv_row + slot, b, mask=win)
 
 
 # --------------------------------------------------------------------------- ordering
@@ -339,16 +346,62 @@ def split_buckets(key, live, off, cb, j, z_row, KB: tl.constexpr):
 
 
 @triton.jit
-def write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K):
-    # winners to their output slots dest (ids from the key, score bits from W); pads past them
-    val = tl.load(wv_row + j, mask=live, other=-8388608)
-    mk = dest < K
-    tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
-    tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+def score_bits(key, o, live, sc_row):
+    # a winner's raw score bits from its packed key (score_key inverted); a NaN's (score key
+    # INT_MIN + 1 whatever its payload) from the row at its position o
+    s = (key >> 31).to(tl.int32) ^ -2147483648
+    nan = live & (s == -2147483647)
+    bits = tl.where(s >= 0, s, s ^ 0x7FFFFFFF)
+    return tl.where(nan, tl.load(sc_row + o, mask=nan, other=0.0).to(tl.int32, bitcast=True), bits)
+
+
+@triton.jit
+def write_ordered(oid_row, osc_row, key, val, j, dest, nsel, inv, K, KB: tl.constexpr):
+    # the winners (lane j < nsel: key, score bits val) to the output row at their ranks dest,
+    # pads past them, with coalesced stores: each lane writes its index at its rank (inv, KB
+    # int32 of scratch; dest is a permutation of 0 .. KB), and output slot j gathers the key and
+    # score bits of lane inv[j] from registers. (Stores of ids and scores at the ranks themselves,
+    # scattered, queued on the memory pipe: H200, 1024 rows of 16384, bench/bench_row_phases.py:
+    # 0.2767 against 0.2676 ms with the bits from the key.)
+    tl.debug_barrier()  # inv's earlier readers (split_buckets' sizes) are done
+    tl.store(inv + dest, j)
+    tl.debug_barrier()
+    src = tl.minimum(tl.maximum(tl.load(inv + j, cache_modifier=".cg"), 0), KB - 1)
+    ks = tl.gather(key, src, 0)
+    vs = tl.gather(val, src, 0)
+    ls = j < nsel
+    mk = j < K
+    tl.store(oid_row + j, tl.where(ls, key_id(ks), -1).to(tl.int32), mask=mk)
+    tl.store(osc_row + j, tl.where(ls, vs, -8388608).to(tl.float32, bitcast=True), mask=mk)
+
+
+@triton.jit
+def rank_in_bucket(key, o, live, off, cb, members, big, KB: tl.constexpr):
+    # each winner's rank in its (sub-)bucket (output offset off, size cb; members: the winners'
+    # indices in bucket order; big: the largest bucket): the members before it, a larger key or
+    # an equal key at an earlier position. A step of the count gathers one key; positions only in
+    # a second count, where two winners share a key (a duplicate id, equal or NaN scores).
+    mkey = tl.gather(key, members, 0)  # the members' keys in bucket order
+    r = tl.zeros([KB], dtype=tl.int32)
+    eq = tl.zeros([KB], dtype=tl.int32)
+    for t in range(0, big):
+        mt = live & (t < cb)
+        ko = tl.gather(mkey, tl.minimum(off + t, KB - 1), 0)
+        r += (mt & (ko > key)).to(tl.int32)
+        eq += (mt & (ko == key)).to(tl.int32)
+    if tl.max(eq, 0) > 1:
+        mo = tl.gather(o, members, 0)
+        for t in range(0, big):
+            mt = live & (t < cb)
+            at = tl.minimum(off + t, KB - 1)
+            ko = tl.gather(mkey, at, 0)
+            oo = tl.gather(mo, at, 0)
+            r += (mt & (ko == key) & (oo < o)).to(tl.int32)
+    return r
 
 
 @triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
-def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr, SPLIT_AT: tl.constexpr,
+def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.constexpr, SPLIT_AT: tl.constexpr,
               NB: tl.constexpr):
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
     # past them. Bucket rank: bucket_counts gives the sizes of NB buckets (KB or 2 KB; more
@@ -357,13 +410,15 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
     # than SPLIT_AT winners (SPLIT in production; keys in clusters: a tie group and a few
     # others), every bucket splits again (split_buckets), so one scan over all sub-buckets
     # gives every sub-bucket's offset.
-    # A winner's rank in its (sub-)bucket counts the members before it: a larger key, or an
-    # equal key at an earlier position. Work: KB winners x the largest (sub-)bucket.
+    # A winner's rank in its (sub-)bucket counts the members before it (rank_in_bucket: a
+    # step gathers one key; up to session 6 of 2026-12-02 a key and a position). Work: KB
+    # winners x the largest (sub-)bucket.
     # A winner's offset and size, and the members' keys and positions in the count, come from
     # registers (tl.gather), not from global scratch: one store of the member list, one barrier
     # and one load where every step of the count took two dependent L2 round trips. H200, 1024
     # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
-    # z_row: ORDER_SCRATCH x KB int32.
+    # The output: write_ordered (score bits from the keys, W holds none; sc_row: the row's
+    # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32.
     j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
     big = tl.max(c, 0)
     off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
@@ -379,23 +434,17 @@ def order_row(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.c
         tl.store(lst + off + slot, j, mask=live)
         tl.debug_barrier()
         members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
-        mkey = tl.gather(key, members, 0)  # the members' keys and positions in bucket order
-        mo = tl.gather(o, members, 0)
-        for t in range(0, big):
-            mt = live & (t < cb)
-            at = tl.minimum(off + t, KB - 1)
-            ko = tl.gather(mkey, at, 0)
-            oo = tl.gather(mo, at, 0)
-            r += (mt & ((ko > key) | ((ko == key) & (oo < o)))).to(tl.int32)
-    write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
+        r = rank_in_bucket(key, o, live, off, cb, members, big, KB)
+    write_ordered(oid_row, osc_row, key, score_bits(key, o, live, sc_row), j, tl.where(live, off + r, j), nsel,
+                  z_row + 3 * KB, K, KB)
 
 
 @generic_jit
-def bucket_kernel(wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z_ptr, oid_ptr, osc_ptr, K, s_oi, s_os, KB: tl.constexpr):
-    # grid (Q,): order_row for each row of W (the staged path's winners)
+def bucket_kernel(wk_ptr, wo_ptr, cnt_ptr, z_ptr, sc_ptr, oid_ptr, osc_ptr, K, s_sq, s_oi, s_os, KB: tl.constexpr):
+    # grid (Q,): order_row for each row of W (the staged path's winners; sc_ptr: the scores)
     row = tl.program_id(0).to(tl.int64)
-    order_row(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row),
-              z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT, KB)
+    order_row(wk_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row), z_ptr + row * (ORDER_SCRATCH * KB),
+              sc_ptr + row * s_sq, oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT, KB)
 
 
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:
@@ -418,7 +467,8 @@ def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor,
 
 
 def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, order: str | None = None,
-                  tile: tuple[int, int] | None = None, binned=None, span: int | None = None):
+                  tile: tuple[int, int] | None = None, binned=None, span: int | None = None,
+                  scores: torch.Tensor | None = None):
     """Write the ordered winners of W to ``out_ids``/``out_sc`` ``[Q, k]``, pads past them.
 
     ``order``: ``"rank"`` (rank kernel; default up to ``RANK_MAX_ROWS`` rows: its work grows as
@@ -429,7 +479,8 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     ``cnt`` slots of a row hold winners, or (``binned``: the staged path's workspace ``z``, its
     row stride and first-digit bits, the rank ordering only) W is sorted by the first digit and may hold a
     whole cutoff bin (``_rank_kernel``). ``kb``: W's row stride; ``span``: the slots of a row
-    the rank kernel covers (default ``kb``: at least its entries and ``k``).
+    the rank kernel covers (default ``kb``: at least its entries and ``k``). ``scores``: the
+    rows W's positions index (the bucket ordering reads a NaN winner's score bits there).
     """
     from .select_staged import RANK_MAX_ROWS, rank_tile
 
@@ -451,9 +502,11 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
         _decode_runs_kernel[(q,)](key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
                                   KB=kb, num_warps=max(1, min(8, kb // 256)))
     elif order == "bucket":
+        if scores is None:
+            raise ValueError("the bucket ordering needs the scores (a NaN winner's bits)")
         z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=wk.device)
-        bucket_kernel[(q,)](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0), KB=kb,
-                             num_warps=max(1, min(8, kb // 256)))
+        bucket_kernel[(q,)](wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
+                            out_sc.stride(0), KB=kb, num_warps=max(1, min(8, kb // 256)))
     else:
         raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     return out_ids, out_sc

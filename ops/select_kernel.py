@@ -36,8 +36,8 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   ``min(k, n_valid)``-th key: by bisection over a tile in registers (``cutoff_search``, twelve
   counts), by two ``tl.histogram`` passes of 6-bit digits over chunks.
 * Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
-  (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)``, the raw score bits, the
-  position) and the positions of those on ``P`` to the in-play list (random scores: a few
+  (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)`` and the position; the raw
+  score bits only for an ordering after the kernel) and the positions of those on ``P`` to the in-play list (random scores: a few
   hundred of 16384; every one of them when all are needed). The slots come from
   ``radix.scan_slots`` (sums down the columns of a ``[T / 512, 512]`` view, one scan of the
   column totals), so the lists are in column order, which no reader depends on.
@@ -49,7 +49,8 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   ``-inf`` scores and valid ids.
 * Ordering in the same program (``radix.order_row``): bucket rank of the winners (offsets,
   sizes and the members' keys from registers, ``tl.gather``), so no ``torch.sort`` runs after
-  the kernel.
+  the kernel; the output in order (coalesced stores), the score bits rebuilt from the keys (a
+  NaN's payload read from the row at its position).
 
 Compile time: ``Q`` is the grid and ``N``, ``k`` and the strides are runtime arguments that
 Triton does not specialise, so one compiled kernel serves every shape of a tile class
@@ -246,8 +247,8 @@ def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, i
 
 
 if _HAVE_TRITON:
-    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_winners,
-                        scan_slots, score_key, shared_bits, top_digit, winner_workspace)
+    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_keys,
+                        put_winners, scan_slots, score_key, shared_bits, top_digit, winner_workspace)
     from .select_finish import finish_row
 
     @triton.jit
@@ -304,11 +305,15 @@ if _HAVE_TRITON:
         return h
 
     @triton.jit
-    def compact_tile(s, b, i, o, P, all_in, keep, wk_row, wv_row, wo_row, p_row, wbase, pbase, T: tl.constexpr):
+    def compact_tile(s, b, i, o, P, all_in, keep, wk_row, wv_row, wo_row, p_row, wbase, pbase, T: tl.constexpr,
+                     WV: tl.constexpr):
         # candidates above the 12-bit cutoff prefix P to W, those on it to P (in play), or to
         # W too when all of them are needed (all_in), or nowhere (keep 0: the row kernel refines
         # the bin on its tile, refine_row); one scan for both counts (a tile holds < 2**16),
-        # slots in the scan's column order (radix.scan_slots)
+        # slots in the scan's column order (radix.scan_slots). WV: W gets the score bits too
+        # (an ordering after the kernel reads them; the kernel's own takes them from the keys,
+        # radix.score_bits: one scattered store less a winner, H200 1024 rows of 16384
+        # 0.165 against 0.183 ms to the end of the finish, bench/bench_row_phases.py)
         u = top_digit(s, 12)
         valid = s != -2147483648
         on = valid & (u == P)
@@ -316,7 +321,10 @@ if _HAVE_TRITON:
         win = valid & ((u > P) | (on & whole))
         play = on & (whole == 0) & ((u * 0 + keep) != 0)
         incl, tot = scan_slots(win.to(tl.int32) + (play.to(tl.int32) << 16), T)
-        put_winners(wk_row, wv_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), b, o)
+        if WV:
+            put_winners(wk_row, wv_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), b, o)
+        else:
+            put_keys(wk_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), o)
         tl.store(p_row + pbase + (incl >> 16) - 1, o, mask=play)
         return wbase + (tot & 0xFFFF), pbase + (tot >> 16)
 
@@ -511,7 +519,7 @@ if _HAVE_TRITON:
             else:
                 refine = m < 0
             compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row,
-                         p_row, 0, 0, BLOCK)
+                         p_row, 0, 0, BLOCK, not ORDER)
         else:  # every pass re-reads the row
             fast = 0
             if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
@@ -531,7 +539,7 @@ if _HAVE_TRITON:
                 o, b, i, s = sampled_tile(sc_row, id_row, sb_row, cnt, CAP)
                 nsel, P, above, m = cutoff_search(s, K)
                 all_in = (nsel - above == m).to(tl.int32)
-                compact_tile(s, b, i, o, P, all_in, 1, wk_row, wv_row, wo_row, p_row, 0, 0, CAP)
+                compact_tile(s, b, i, o, P, all_in, 1, wk_row, wv_row, wo_row, p_row, 0, 0, CAP, not ORDER)
             else:  # two histogram passes (not twelve), then the compaction pass
                 h1 = chunk_hist(sc_row, id_row, N, 0, CHUNK, 0)
                 nsel = tl.minimum(tl.sum(h1, 0), K)
@@ -549,7 +557,7 @@ if _HAVE_TRITON:
                     ic = i_n
                     bn, i_n = load_chunk(sc_row, id_row, c0 + CHUNK, N, CHUNK)  # the next chunk
                     wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
-                                                wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK)
+                                                wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK, not ORDER)
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         if RESIDENT and FR2 < BLOCK and REFINE < BLOCK:  # a bin beyond the finish's registers: refined on the tile
             if refine:
@@ -564,7 +572,7 @@ if _HAVE_TRITON:
                        KB, D, CH, FR1, FR2, BLOCK if RESIDENT else 0)
         if ORDER:
             tl.debug_barrier()
-            order_row(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
+            order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_row, oid_ptr + row * s_oi,
                       osc_ptr + row * s_os, K, KB, SPLIT, OB)
 
 
@@ -687,7 +695,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                       OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
     if fused:
         return out_ids, out_sc
-    return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order)
+    return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, scores=scores)
 
 
 def precompile(capacities: Iterable, k: int = 2048, n: int | None = None, *, device=None,

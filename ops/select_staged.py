@@ -300,4 +300,4 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     if rank_cols is not None:
         jb = int(rank_cols)
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, wb, n_sm, order, (sl, jb),
-                         binned=(z, zs, HIST_BITS) if binned else None, span=span)
+                         binned=(z, zs, HIST_BITS) if binned else None, span=span, scores=scores)
