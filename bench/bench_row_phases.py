@@ -78,7 +78,7 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
     # members' keys and positions in the in-bucket count, through global scratch (a store, a
     # barrier and loads; two dependent L2 round trips a step of the count)
-    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB)
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
@@ -126,7 +126,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     # TWOKEY: each step of the in-bucket count gathers a key and a position (production up to
     #   session 6) where production gathers the key, and positions only in a second count where
     #   two winners share a key.
-    j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
     if OSTOP == 1:
         tl.store(oid_row + j, slot + tl.sum(c, 0), mask=j < K)
     else:
@@ -198,7 +198,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
                     if WVLOAD:
                         write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K)
                     else:
-                        val = score_bits(key, o, live, sc_row, lo)
+                        val = score_bits(key, o, live, sc_row)
                         mk = dest < K
                         tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
                         tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
@@ -206,7 +206,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
                     if WVLOAD:
                         val = tl.load(wv_row + j, mask=live, other=-8388608)
                     else:
-                        val = score_bits(key, o, live, sc_row, lo)
+                        val = score_bits(key, o, live, sc_row)
                     write_ordered(oid_row, osc_row, key, val, j, dest, nsel, z_row + 3 * KB, K, KB)
 
 

@@ -9,9 +9,8 @@ is a *runtime* value (the radix passes are loops, not unrolled): one copy of a p
 serves every digit, which keeps compile time to a second or two.
 
 Both paths leave the row's winners unordered in a workspace ``W`` (``[Q, KB]`` packed keys,
-score bits and positions, plus the winner count a row; no score bits from the row kernel's
-compaction where ``order_row`` follows in the kernel: it rebuilds them from the keys; the
-staged path's rank ordering: sorted by the first digit, and room for a whole cutoff bin); ``order_row`` (in the row kernel, or
+score bits and positions, plus the winner count a row; the staged path's rank ordering: sorted
+by the first digit, and room for a whole cutoff bin); ``order_row`` (in the row kernel, or
 ``bucket_kernel`` after the staged path) or ``order_winners``'s other orderings order them.
 
 Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).
@@ -302,7 +301,7 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexp
     # order_row's first level: the winners' packed keys span [lo, hi]; a shift maps hi - key to
     # one of NB (KB or 2 KB) buckets (bucket 0 = the largest keys); one atomic add a winner
     # gives each its slot in its bucket (any order); returns (j, live, key, position, bucket,
-    # slot, bucket sizes c [NB], the smallest key lo). z_row[0:NB] holds the sizes.
+    # slot, bucket sizes c [NB]). z_row[0:NB] holds the sizes.
     j = tl.arange(0, KB)
     live = j < nsel
     key = tl.load(wk_row + j, mask=live, other=-1)
@@ -317,7 +316,7 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexp
     slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
     c = tl.load(z_row + jb, cache_modifier=".cg")
-    return j, live, key, o, bkt, slot, c, lo
+    return j, live, key, o, bkt, slot, c
 
 
 @triton.jit
@@ -347,19 +346,13 @@ def split_buckets(key, live, off, cb, j, z_row, KB: tl.constexpr):
 
 
 @triton.jit
-def score_bits(key, o, live, sc_row, lo):
+def score_bits(key, o, live, sc_row):
     # a winner's raw score bits from its packed key (score_key inverted); a NaN's (score key
-    # INT_MIN + 1 whatever its payload) from the row at its position o. lo: the smallest
-    # winner's key, whose score key is a NaN's where any winner is one (INT_MIN + 1 is the
-    # smallest valid score key), so rows without NaN winners issue no load (the masked load
-    # stalled the ordering: 2.9 % of the warp samples at 1024 rows of 16384, record
-    # select_kernel_h200_ncu_random_q1024_47acabd.txt)
+    # INT_MIN + 1 whatever its payload) from the row at its position o
     s = (key >> 31).to(tl.int32) ^ -2147483648
+    nan = live & (s == -2147483647)
     bits = tl.where(s >= 0, s, s ^ 0x7FFFFFFF)
-    if ((lo >> 31).to(tl.int32) ^ -2147483648) == -2147483647:
-        nan = live & (s == -2147483647)
-        bits = tl.where(nan, tl.load(sc_row + o, mask=nan, other=0.0).to(tl.int32, bitcast=True), bits)
-    return bits
+    return tl.where(nan, tl.load(sc_row + o, mask=nan, other=0.0).to(tl.int32, bitcast=True), bits)
 
 
 @triton.jit
@@ -426,7 +419,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
     # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
     # The output: write_ordered (score bits from the keys, W holds none; sc_row: the row's
     # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32.
-    j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
     big = tl.max(c, 0)
     off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
     cb = tl.where(live, tl.gather(c, bkt, 0), 0)
@@ -442,7 +435,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
         tl.debug_barrier()
         members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
         r = rank_in_bucket(key, o, live, off, cb, members, big, KB)
-    write_ordered(oid_row, osc_row, key, score_bits(key, o, live, sc_row, lo), j, tl.where(live, off + r, j), nsel,
+    write_ordered(oid_row, osc_row, key, score_bits(key, o, live, sc_row), j, tl.where(live, off + r, j), nsel,
                   z_row + 3 * KB, K, KB)
 
 
