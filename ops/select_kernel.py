@@ -445,13 +445,16 @@ if _HAVE_TRITON:
         # finish's registers: instead of passes over the in-play list in chunks, the row is read
         # again as a tile and the cutoff found on it by bisection: the score key TS among the
         # bin's candidates; when more tie at TS than are wanted, the id IV among those; when
-        # duplicates of IV tie, the position OP. One tile is held at a time (score keys, then
-        # the ids at TS, then their positions). The bin's winners go to P (their positions),
-        # then to W after the others.
+        # duplicates of IV tie, the position OP. The row is read once: the score keys and the
+        # ids are held through the score key's bisection, then the score keys and the ids at TS
+        # (the winners' mask needs no other id), then their positions. (Up to session 6 of
+        # 2026-12-02 one tile was held at a time and the row read three times: the ids at TS,
+        # and the row again for the mask.) The bin's winners go to P (their positions), then to
+        # W after the others.
         tl.store(cnt_ptr + row, nsel)
         need = nsel - above
         o = tl.arange(0, BLOCK) + (nsel >> 31)  # (+ 0: not merged with the kernel's positions, kept live to here)
-        b, i, s = read_keys(sc_row, id_row, o, N)  # only s is held
+        b, i, s = read_keys(sc_row, id_row, o, N)
         on = (s != -2147483648) & (top_digit(s, 12) == P)
         lo = tl.min(tl.where(on, s, 2147483647), 0)
         hi = tl.max(tl.where(on, s, -2147483648), 0)
@@ -461,21 +464,19 @@ if _HAVE_TRITON:
         tie = (c & 0xFFFF) - (c >> 16)
         IV = tl.full((), 2147483647, tl.int32)  # rem == tie: every candidate at TS wins
         OP = IV
+        x = tl.where(s == TS, i, -1)  # the ids at TS (valid, so >= 0), -1 elsewhere
         if rem < tie:
-            # the ids at TS (read again: no id tile is held through the score key's bisection)
-            x = tl.where(s == TS, tl.load(id_row + o, mask=o < N, other=-1, volatile=True), -1)
             vlo, vhi = inverted_range(x)
             IV = 2147483647 - bisect_cut(x, vlo, vhi, 0, rem, 1)
             c = tl.sum(((x >= 0) & (x <= IV)).to(tl.int32) + (((x >= 0) & (x < IV)).to(tl.int32) << 16), 0)
             rem = rem - (c >> 16)
             tie = (c & 0xFFFF) - (c >> 16)
             if rem < tie:  # duplicates (score key TS, id IV): by position
-                x = tl.where(x == IV, o, -1)
-                plo, phi = inverted_range(x)
-                OP = 2147483647 - bisect_cut(x, plo, phi, 0, rem, 1)
-        b, i, s = read_keys(sc_row, id_row, o, N)
+                xp = tl.where(x == IV, o, -1)
+                plo, phi = inverted_range(xp)
+                OP = 2147483647 - bisect_cut(xp, plo, phi, 0, rem, 1)
         win = (s != -2147483648) & (top_digit(s, 12) == P)
-        win = win & ((s > TS) | ((s == TS) & ((i < IV) | ((i == IV) & (o <= OP)))))
+        win = win & ((s > TS) | ((s == TS) & ((x < IV) | ((x == IV) & (o <= OP)))))
         incl, tot = scan_slots(win.to(tl.int32), BLOCK)
         tl.store(p_row + incl - 1, o, mask=win)
         tl.debug_barrier()  # P, written by the program's threads, read by others
