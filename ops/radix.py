@@ -11,8 +11,9 @@ serves every digit, which keeps compile time to a second or two.
 Both paths leave the row's winners unordered in a workspace ``W`` (``[Q, KB]`` packed keys,
 score bits and positions, plus the winner count a row; no score bits from the row kernel's
 compaction where ``order_row`` follows in the kernel: it rebuilds them from the keys; the
-staged path's rank ordering: sorted by the first digit, and room for a whole cutoff bin); ``order_row`` (in the row kernel, or
-``bucket_kernel`` after the staged path) or ``order_winners``'s other orderings order them.
+staged path's rank ordering: sorted by the first digit, and room for a whole cutoff bin);
+``order_row`` (in the row kernel, or ``bucket_kernel`` after the staged path) or
+``order_winners``'s other orderings order them.
 
 Imported only where Triton imports (``select_kernel.py``, ``select_staged.py``).
 """

@@ -37,8 +37,8 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   counts), by two ``tl.histogram`` passes of 6-bit digits over chunks.
 * Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
   (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)`` and the position; the raw
-  score bits only for an ordering after the kernel) and the positions of those on ``P`` to the in-play list (random scores: a few
-  hundred of 16384; every one of them when all are needed). The slots come from
+  score bits only for an ordering after the kernel) and the positions of those on ``P`` to the
+  in-play list (random scores: a few hundred of 16384; every one of them when all are needed). The slots come from
   ``radix.scan_slots`` (sums down the columns of a ``[T / 512, 512]`` view, one scan of the
   column totals), so the lists are in column order, which no reader depends on.
 * Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
