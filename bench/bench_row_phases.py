@@ -41,8 +41,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
-from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bucket_counts, bucket_kernel, generic_jit, key_id,  # noqa: E402
-                               load_chunk, order_row, pick_digit, put_winners, rank_in_bucket, score_key, score_bits,
+from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bit_length, bucket_counts, bucket_kernel, generic_jit,  # noqa: E402
+                               key_id, load_chunk, order_row, pick_digit, put_winners, rank_in_bucket, score_key, score_bits,
                                split_buckets, top_digit, winner_workspace, write_ordered)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
@@ -106,10 +106,50 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     write_ranked(wv_row, oid_row, osc_row, key, live, j, tl.where(live, off + r, j), K)
 
 
+@triton.jit
+def _max_min(a_hi, a_lo, b_hi, b_lo):
+    return tl.maximum(a_hi, b_hi), tl.minimum(a_lo, b_lo)
+
+
+@triton.jit
+def bucket_counts_v(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexpr, HILO1: tl.constexpr,
+                    ZFIRST: tl.constexpr, HISTC: tl.constexpr):
+    # radix.bucket_counts (flags 0: the production code) and bench variants, prepared in session
+    # 6 of 2026-12-02 and checked in the interpreter, not yet timed on a GPU:
+    # HILO1: the keys' largest and smallest in one reduction (a tuple), not two;
+    # ZFIRST: the bucket counters zeroed before those reductions, so their stores drain meanwhile;
+    # HISTC: the bucket sizes from tl.histogram (shared memory), not from the counters after a
+    #   barrier and an L2 round trip (the atomics still give each winner its slot).
+    j = tl.arange(0, KB)
+    live = j < nsel
+    jb = tl.arange(0, NB)
+    if ZFIRST:
+        tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
+    key = tl.load(wk_row + j, mask=live, other=-1)
+    o = tl.load(wo_row + j, mask=live, other=0)
+    if HILO1:
+        hi, lo = tl.reduce((tl.where(live, key, -1), tl.where(live, key, 9223372036854775807)), 0, _max_min)
+    else:
+        hi = tl.max(tl.where(live, key, -1), 0)
+        lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
+    sh = bit_length(tl.maximum(hi - lo, 0) // NB)
+    bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
+    if not ZFIRST:
+        tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
+    tl.debug_barrier()
+    slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+    if HISTC:
+        c = tl.histogram(bkt, NB, mask=live)
+    else:
+        tl.debug_barrier()
+        c = tl.load(z_row + jb, cache_modifier=".cg")
+    return j, live, key, o, bkt, slot, c
+
+
 @triton.jit(noinline=True)
 def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row, KB: tl.constexpr,
                 SPLIT_AT: tl.constexpr, NB: tl.constexpr, LKEYS: tl.constexpr, SCATTER: tl.constexpr,
-                WVLOAD: tl.constexpr, TWOKEY: tl.constexpr, OSTOP: tl.constexpr):
+                WVLOAD: tl.constexpr, TWOKEY: tl.constexpr, OSTOP: tl.constexpr, BV: tl.constexpr):
     # radix.order_row (flags 0: the production code) stopped after its sub-phase OSTOP (1 bucket
     # sizes and slots, 2 offsets (and the second level), 3 the member lists, 4 the in-bucket
     # count, 5 the output), and bench variants:
@@ -126,7 +166,9 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     # TWOKEY: each step of the in-bucket count gathers a key and a position (production up to
     #   session 6) where production gathers the key, and positions only in a second count where
     #   two winners share a key.
-    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+    # BV: bucket_counts_v's flags (bit 0 HILO1, bit 1 ZFIRST, bit 2 HISTC).
+    j, live, key, o, bkt, slot, c = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
+                                                    (BV >> 2) & 1)
     if OSTOP == 1:
         tl.store(oid_row + j, slot + tl.sum(c, 0), mask=j < K)
     else:
@@ -261,8 +303,8 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                 SCAN1D: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
                 OSTOP: tl.constexpr):
     # the phases after the cutoff prefix: compaction (3), finish (4), ordering (5; ORDV > 0 or
-    # OSTOP < 5: order_row_v, ORDV bit 0 LKEYS, bit 1 SCATTER, bit 2 WVLOAD, bit 3 TWOKEY, stopped after
-    # its sub-phase OSTOP)
+    # OSTOP < 5: order_row_v, ORDV bit 0 LKEYS, bit 1 SCATTER, bit 2 WVLOAD, bit 3 TWOKEY, bits 4-6
+    # bucket_counts_v's HILO1, ZFIRST, HISTC, stopped after its sub-phase OSTOP)
     wk_row = wk_ptr + row * KB
     wv_row = wv_ptr + row * KB
     wo_row = wo_ptr + row * KB
@@ -283,7 +325,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
             if ORDV > 0 or OSTOP < 5:
                 order_row_v(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
                             osc_ptr + row * s_os, K, sc_ptr + row * s_sq, KB, SPLIT_AT, ORDER_NB * KB, ORDV & 1,
-                            (ORDV >> 1) & 1, (ORDV >> 2) & 1, ORDV >> 3, OSTOP)
+                            (ORDV >> 1) & 1, (ORDV >> 2) & 1, (ORDV >> 3) & 1, OSTOP, ORDV >> 4)
             elif SCRATCH:
                 order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
@@ -368,7 +410,9 @@ VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True),
             "split4r128": dict(split=True, split_warps=4, maxnreg=128),
             # the ordering's sub-phases (order_row_v, OSTOP) and its bench variants
             "ostops": dict(ordv=0), "lkeys": dict(ordv=1), "scatter": dict(ordv=2), "wvload": dict(ordv=4),
-            "twokey": dict(ordv=8), "s6before": dict(ordv=14)}
+            "twokey": dict(ordv=8), "s6before": dict(ordv=14),
+            # prepared in session 6, not yet timed on a GPU: bucket_counts_v's variants
+            "hilo1": dict(ordv=16), "zfirst": dict(ordv=32), "histc": dict(ordv=64), "bv_all": dict(ordv=112)}
 OSTOPS = ("+o.buckets", "+o.offsets", "+o.members", "+o.count", "+o.out")
 
 
@@ -403,7 +447,7 @@ def main(argv=None) -> int:
                 prev = 0.0
                 if "ordv" in kw:  # the ordering's sub-phases: from the finish on
                     steps = [(4, 5, STOPS[4])] + [(5, o + 1, name) for o, name in enumerate(OSTOPS)
-                                                  if kw["ordv"] in (0, 1, 8, 14) or o == 4]
+                                                  if kw["ordv"] in (0, 1, 8, 14, 112) or o == 4]
                 else:
                     steps = [(stop, 5, sname) for stop, sname in enumerate(STOPS)]
                 for stop, ostop, sname in steps:

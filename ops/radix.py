@@ -86,7 +86,7 @@ def shared_bits(lo, hi):
     # (bits, t) of int32 keys lo <= hi: every key between them shares its bits from bit ``bits``
     # up (0..32) with them; t: those shared bits (biased), the bits below clear
     yh = biased(hi)
-    top = _bit_length(biased(lo) ^ yh).to(tl.int32)
+    top = bit_length(biased(lo) ^ yh).to(tl.int32)
     return top, (yh >> top) << top
 
 
@@ -292,7 +292,7 @@ SPLIT = tl.constexpr(16)  # order_row splits buckets again when the largest hold
 
 
 @triton.jit
-def _bit_length(x):
+def bit_length(x):
     # bits of a non-negative int64 from its float64 exponent (a rounding up gives one more: safe)
     e = ((x.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1022
     return tl.where(x > 0, e, 0)
@@ -310,7 +310,7 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexp
     o = tl.load(wo_row + j, mask=live, other=0)
     hi = tl.max(tl.where(live, key, -1), 0)
     lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
-    sh = _bit_length(tl.maximum(hi - lo, 0) // NB)  # (hi - lo) >> sh < NB
+    sh = bit_length(tl.maximum(hi - lo, 0) // NB)  # (hi - lo) >> sh < NB
     bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
     jb = tl.arange(0, NB)
     tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
@@ -339,7 +339,7 @@ def split_buckets(key, live, off, cb, j, z_row, KB: tl.constexpr):
     tl.debug_barrier()
     bh = tl.load(yh + off, mask=live, other=0, cache_modifier=".cg")
     bl = tl.load(yl + off, mask=live, other=0, cache_modifier=".cg")
-    sh2 = _bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
+    sh2 = bit_length(tl.maximum(bh - bl, 0) // tl.maximum(cb, 1).to(tl.int64))
     sub = off + tl.where(live, (bh - key) >> sh2, 0).to(tl.int32)  # < off + cb
     slot = tl.atomic_add(c2 + sub, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
