@@ -20,7 +20,12 @@ Variants (bench only; each full kernel is checked bit for bit against the produc
   kernel before ``radix.scan_slots``);
 * ``split*``: the row kernel stops after the finish and a kernel of its own orders the winners
   (``radix.order_row``), with ``split_warps`` warps and a register cap ``maxnreg`` (two or more
-  programs an SM).
+  programs an SM);
+* ``ostops``: the ordering stopped after each of its sub-phases (``order_row_v``: bucket sizes
+  and slots, offsets, member lists, in-bucket count, output), from the finish on; ``lkeys``,
+  ``scatter``, ``wvload``, ``twokey``, ``s6before`` (the ordering up to session 6 of
+  2026-12-02): ``order_row_v``'s flags; ``hilo1``, ``zfirst``, ``histc``, ``bv_all``:
+  ``bucket_counts_v``'s (prepared, not yet timed on a GPU).
 
 Measured and dropped (records ``bench/results/select_kernel_h200_phases_ed6e841-*.json``, the
 code in docs/benchmarks_select_kernel.md): a tile of score keys only (ids re-read by position),
