@@ -119,8 +119,9 @@ def _max_min(a_hi, a_lo, b_hi, b_lo):
 @triton.jit
 def bucket_counts_v(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexpr, HILO1: tl.constexpr,
                     ZFIRST: tl.constexpr, HISTC: tl.constexpr):
-    # radix.bucket_counts (flags 0: the production code) and bench variants, prepared in session
-    # 6 of 2026-12-02 and checked in the interpreter, not yet timed on a GPU:
+    # radix.bucket_counts with bench variants (order_row_v calls the production one when no flag
+    # is set), prepared in session 6 of 2026-12-02 and checked in the interpreter, not yet timed
+    # on a GPU:
     # HILO1: the keys' largest and smallest in one reduction (a tuple), not two;
     # ZFIRST: the bucket counters zeroed before those reductions, so their stores drain meanwhile;
     # HISTC: the bucket sizes from tl.histogram (shared memory), not from the counters after a
@@ -172,8 +173,11 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     #   session 6) where production gathers the key, and positions only in a second count where
     #   two winners share a key.
     # BV: bucket_counts_v's flags (bit 0 HILO1, bit 1 ZFIRST, bit 2 HISTC).
-    j, live, key, o, bkt, slot, c = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
-                                                    (BV >> 2) & 1)
+    if BV == 0:
+        j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+    else:
+        j, live, key, o, bkt, slot, c = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
+                                                        (BV >> 2) & 1)
     if OSTOP == 1:
         tl.store(oid_row + j, slot + tl.sum(c, 0), mask=j < K)
     else:
@@ -416,6 +420,9 @@ VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True),
             # the ordering's sub-phases (order_row_v, OSTOP) and its bench variants
             "ostops": dict(ordv=0), "lkeys": dict(ordv=1), "scatter": dict(ordv=2), "wvload": dict(ordv=4),
             "twokey": dict(ordv=8), "s6before": dict(ordv=14),
+            # the first call of session 6 (record _phases_order_cb2f7f1) timed, over cb2f7f1's
+            # kernels, what these give: its coal (output in order) and nowv (bits from the keys)
+            "s6_coal": dict(ordv=12), "s6_nowv": dict(ordv=10),
             # prepared in session 6, not yet timed on a GPU: bucket_counts_v's variants
             "hilo1": dict(ordv=16), "zfirst": dict(ordv=32), "histc": dict(ordv=64), "bv_all": dict(ordv=112)}
 OSTOPS = ("+o.buckets", "+o.offsets", "+o.members", "+o.count", "+o.out")

@@ -38,8 +38,8 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
 * Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
   (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)`` and the position; the raw
   score bits only for an ordering after the kernel) and the positions of those on ``P`` to the
-  in-play list (random scores: a few hundred of 16384; every one of them when all are needed). The slots come from
-  ``radix.scan_slots`` (sums down the columns of a ``[T / 512, 512]`` view, one scan of the
+  in-play list (random scores: a few hundred of 16384; every one of them when all are needed).
+  The slots come from ``radix.scan_slots`` (sums down the columns of a ``[T / 512, 512]`` view, one scan of the
   column totals), so the lists are in column order, which no reader depends on.
 * Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
   in-play list on the score key, then the id, then the position, appends the still-needed
@@ -321,10 +321,12 @@ if _HAVE_TRITON:
         win = valid & ((u > P) | (on & whole))
         play = on & (whole == 0) & ((u * 0 + keep) != 0)
         incl, tot = scan_slots(win.to(tl.int32) + (play.to(tl.int32) << 16), T)
+        slot = wbase + (incl & 0xFFFF) - 1
+        v = 2147483647 - tl.maximum(i, 0)
         if WV:
-            put_winners(wk_row, wv_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), b, o)
+            put_winners(wk_row, wv_row, wo_row, slot, win, s, v, b, o)
         else:
-            put_keys(wk_row, wo_row, wbase + (incl & 0xFFFF) - 1, win, s, 2147483647 - tl.maximum(i, 0), o)
+            put_keys(wk_row, wo_row, slot, win, s, v, o)
         tl.store(p_row + pbase + (incl >> 16) - 1, o, mask=play)
         return wbase + (tot & 0xFFFF), pbase + (tot >> 16)
 
@@ -431,7 +433,7 @@ if _HAVE_TRITON:
 
     @triton.jit
     def read_keys(sc_row, id_row, o, N):
-        # score keys and ids of a row's candidates at o, read again (.cg: not merged with the
+        # score keys and ids of a row's candidates at o, read again (volatile: not merged with the
         # kernel's first read of the row, which would keep that tile live through the finish)
         b = tl.load(sc_row + o, mask=o < N, other=0.0, volatile=True).to(tl.int32, bitcast=True)
         i = tl.load(id_row + o, mask=o < N, other=-1, volatile=True)
