@@ -25,7 +25,8 @@ Variants (bench only; each full kernel is checked bit for bit against the produc
   and slots, offsets, member lists, in-bucket count, output), from the finish on; ``lkeys``,
   ``scatter``, ``wvload``, ``twokey``, ``s6before`` (the ordering up to session 6 of
   2026-12-02): ``order_row_v``'s flags; ``hilo1``, ``zfirst``, ``histc``, ``bv_all``:
-  ``bucket_counts_v``'s (prepared, not yet timed on a GPU).
+  ``bucket_counts_v``'s (timed in session 7: ``hilo1`` and ``zfirst`` within 0.3 % of
+  production, ``histc`` 2.3x slower; none kept).
 
 Measured and dropped (records ``bench/results/select_kernel_h200_phases_ed6e841-*.json``, the
 code in docs/benchmarks_select_kernel.md): a tile of score keys only (ids re-read by position),
@@ -120,8 +121,8 @@ def _max_min(a_hi, a_lo, b_hi, b_lo):
 def bucket_counts_v(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexpr, HILO1: tl.constexpr,
                     ZFIRST: tl.constexpr, HISTC: tl.constexpr):
     # radix.bucket_counts with bench variants (order_row_v calls the production one when no flag
-    # is set), prepared in session 6 of 2026-12-02 and checked in the interpreter, not yet timed
-    # on a GPU:
+    # is set), prepared in session 6 of 2026-12-02, timed in session 7 (H200, records
+    # select_kernel_h200_s7_phases_1_*: HILO1 and ZFIRST within 0.3 %, HISTC 2.3x slower):
     # HILO1: the keys' largest and smallest in one reduction (a tuple), not two;
     # ZFIRST: the bucket counters zeroed before those reductions, so their stores drain meanwhile;
     # HISTC: the bucket sizes from tl.histogram (shared memory), not from the counters after a
@@ -423,7 +424,7 @@ VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True),
             # the first call of session 6 (record _phases_order_cb2f7f1) timed, over cb2f7f1's
             # kernels, what these give: its coal (output in order) and nowv (bits from the keys)
             "s6_coal": dict(ordv=12), "s6_nowv": dict(ordv=10),
-            # prepared in session 6, not yet timed on a GPU: bucket_counts_v's variants
+            # bucket_counts_v's variants (prepared in session 6, timed and dropped in session 7)
             "hilo1": dict(ordv=16), "zfirst": dict(ordv=32), "histc": dict(ordv=64), "bv_all": dict(ordv=112)}
 OSTOPS = ("+o.buckets", "+o.offsets", "+o.members", "+o.count", "+o.out")
 
