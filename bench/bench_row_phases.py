@@ -12,8 +12,9 @@ Variants (bench only; each full kernel is checked bit for bit against the produc
 
 * ``hist``: the cutoff prefix from two 6-bit ``tl.histogram`` passes (production up to
   f08fc80) where the production kernel bisects (``select_kernel.cutoff_search``);
-* ``swar``: the bisection's counts on pairs of 12-bit prefixes packed in an int32
-  (``cutoff_search_swar``; prepared in session 7 of 2026-12-02, not yet timed);
+* ``halving``: the bisection's counts compare the score keys (``cutoff_search_halving``,
+  production up to session 7 of 2026-12-02) where production compares pairs of 12-bit
+  prefixes packed in an int32;
 * ``scratch``: ``order_row_scratch``, the ordering through global scratch (production up to
   f08fc80) where ``radix.order_row`` gathers from registers; ``f08fc80``: both;
 * ``sub4``, ``sub8``: ``radix.order_row``'s second level from buckets of more than 4 or 8
@@ -265,34 +266,28 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
 
 
 @triton.jit
-def cutoff_search_swar(s, K):
-    # select_kernel.cutoff_search with eleven of its twelve counts comparing two candidates at
-    # once (prepared in session 7 of 2026-12-02, exact in the interpreter; its device call was
-    # refused: not yet timed). The first count (the valid, u >= 2048) compares s; then the 12-bit
-    # prefixes u of a pair sit in the 16-bit halves of an int32 x, each with a guard bit above it
-    # (bit 12), so x - (c | c << 16) leaves each half's bit 12 set where its u >= c (no borrow
-    # crosses the halves: 2**12 + u - c >= 1). SASS a step, 16384 tile, 16 warps
-    # (bench/cutoff_sass.py with this in place of production): 66 instructions between barriers
-    # against 113 (37 against 62 for the 8192 tile).
-    T: tl.constexpr = s.shape[0]
+def cutoff_search_halving(s, K):
+    # select_kernel.cutoff_search as it was up to session 7 of 2026-12-02: every count compares
+    # the score keys s themselves (u >= c as s >= (c << 20) ^ -2**31), the last two counts in one
+    # sum; 113 SASS instructions a step (16384 tile, 16 warps) where production's pairs take 66
     c = tl.sum((s != -2147483648).to(tl.int32) + ((s >= 0).to(tl.int32) << 16), 0)  # valid; u >= 2048
     nsel = tl.minimum(c & 0xFFFF, K)
     hit = (c >> 16) >= nsel
     P = tl.where(hit, 2048, 0)
     ge = tl.where(hit, c >> 16, c & 0xFFFF)  # count(u >= P)
-    up = tl.where(hit, 0, c >> 16)  # count(u >= the end of P's range)
-    # the pairs: candidates c and c + T / 2, which one thread holds (a [2, T / 2] view, no layout conversion)
-    ua, ub = tl.split(tl.permute(tl.reshape(top_digit(s, 12), [2, T // 2]), (1, 0)))  # (invalid: u 0 < every c >= 1)
-    x = ua | (ub << 16) | 0x10001000
-    for t in range(1, 12):
+    for t in range(1, 11):
         cand = P | (1 << (11 - t))
-        n = tl.sum(((x - (cand | (cand << 16))) >> 12) & 0x10001, 0)
-        n = (n & 0xFFFF) + (n >> 16)
+        n = tl.sum((s >= ((cand << 20) ^ -2147483648)).to(tl.int32), 0)
         hit = n >= nsel
         P = tl.where(hit, cand, P)
         ge = tl.where(hit, n, ge)
-        up = tl.where(hit, up, n)
-    return nsel, P, up, ge - up
+    cand = P | 1
+    c = tl.sum((s >= ((cand << 20) ^ -2147483648)).to(tl.int32)
+               + ((s > (((cand << 20) | 0xFFFFF) ^ -2147483648)).to(tl.int32) << 16), 0)  # u >= cand; u > cand
+    hit = (c & 0xFFFF) >= nsel
+    above = tl.where(hit, c >> 16, c & 0xFFFF)
+    ge = tl.where(hit, c & 0xFFFF, ge)
+    return nsel, tl.where(hit, cand, P), above, ge - above
 
 
 @generic_jit
@@ -301,7 +296,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
                        BLOCK: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
                        FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr,
                        HIST: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
-                       OSTOP: tl.constexpr, SWAR: tl.constexpr = False):
+                       OSTOP: tl.constexpr, HALVING: tl.constexpr = False):
     # select_kernel._row_kernel (resident tile) up to phase STOP
     row = tl.program_id(0).to(tl.int64)
     sc_row = sc_ptr + row * s_sq
@@ -329,8 +324,8 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
                             cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
                             FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP)
     else:
-        if SWAR:
-            nsel, P, above, m = cutoff_search_swar(s, K)
+        if HALVING:
+            nsel, P, above, m = cutoff_search_halving(s, K)
         else:
             nsel, P, above, m = sk.cutoff_search(s, K)
         all_in = (nsel - above == m).to(tl.int32)
@@ -381,7 +376,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
-               scratch=False, split_at=None, ordv=0, ostop=5, swar=False):
+               scratch=False, split_at=None, ordv=0, ostop=5, halving=False):
     """The row kernel (resident tile) up to phase ``stop``; returns (ids, scores) at stop 5.
     ``split``: the row kernel stops after the finish and ``radix.bucket_kernel`` (``split_warps``
     warps, at most ``maxnreg`` registers a thread) orders the winners."""
@@ -399,7 +394,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
                              FR1=fr1, FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
                              SPLIT_AT=SPLIT.value if split_at is None else int(split_at), ORDV=int(ordv),
-                             OSTOP=int(ostop), SWAR=bool(swar), num_warps=nw)
+                             OSTOP=int(ostop), HALVING=bool(halving), num_warps=nw)
     if split:
         bucket_kernel[(q,)](wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
                             out_sc.stride(0), KB=kb, num_warps=split_warps,
@@ -462,8 +457,8 @@ VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True),
             "s6_coal": dict(ordv=12), "s6_nowv": dict(ordv=10),
             # bucket_counts_v's variants (prepared in session 6, timed and dropped in session 7)
             "hilo1": dict(ordv=16), "zfirst": dict(ordv=32), "histc": dict(ordv=64), "bv_all": dict(ordv=112),
-            # the cutoff search on pairs of 12-bit prefixes (prepared in session 7, not yet timed)
-            "swar": dict(swar=True)}
+            # the cutoff search comparing the score keys (production up to session 7)
+            "halving": dict(halving=True)}
 OSTOPS = ("+o.buckets", "+o.offsets", "+o.members", "+o.count", "+o.out")
 
 
@@ -506,7 +501,7 @@ def main(argv=None) -> int:
                         continue  # the bisection has no first half
                     if vname != "default" and "ordv" not in kw and stop < (
                             5 if ("split" in kw or "split_at" in kw or kw == dict(scratch=True)) else
-                            1 if kw.get("hist") else 2 if kw.get("swar") else 3):
+                            1 if kw.get("hist") else 2 if kw.get("halving") else 3):
                         continue  # a variant changes only its phase and those after it
                     kw2 = dict(kw, ostop=ostop) if "ordv" in kw else kw
                     ms = time_graph(lambda s, i, stop=stop, kw2=kw2: row_prefix(s, i, k, stop, **kw2), sets, 10, 10)

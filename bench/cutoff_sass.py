@@ -7,7 +7,8 @@ Compiles, with Triton's bundled ptxas, a kernel that loads a register tile and r
 instructions between consecutive barriers: each step of the search is one sum, so one
 stretch between barrier rounds. The phase is issue-bound (docs/benchmarks_select_kernel.md,
 session 7), so these counts predict its cost: H200, 16384 tile, 16 warps, about 0.17 us a round
-plus 0.003 us an instruction a thread.
+plus 0.003 us an instruction a thread. At session 7's end: 66 instructions a step (113 when
+every count compared the score keys themselves, bench_row_phases' variant halving).
 """
 from __future__ import annotations
 

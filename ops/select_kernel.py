@@ -34,7 +34,8 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   too many, the row takes the chunked passes. Exact either way.
 * Cutoff prefix ``P`` (the top 12 bits of ``s``: sign, exponent, 3 mantissa bits) of the
   ``min(k, n_valid)``-th key: by bisection over a tile in registers (``cutoff_search``, twelve
-  counts), by two ``tl.histogram`` passes of 6-bit digits over chunks.
+  counts, eleven of them on pairs of prefixes packed in an int32), by two ``tl.histogram``
+  passes of 6-bit digits over chunks.
 * Compaction, once: one prefix sum sends the candidates above ``P`` to the winner list ``W``
   (a packed 63-bit key ``(s ^ INT_MIN) << 31 | (0x7fffffff - id)`` and the position; the raw
   score bits only for an ordering after the kernel) and the positions of those on ``P`` to the
@@ -268,31 +269,37 @@ if _HAVE_TRITON:
     def cutoff_search(s, K):
         # what the two histogram passes find, for a tile held in registers, by bisection over
         # the top 12 bits u of the score keys s (-2**31: invalid): nsel = min(valid, K), the
-        # largest 12-bit prefix P with count(u >= P) >= nsel, how many are above it and how
-        # many on it. u >= c compares s with c's first key, (c << 20) ^ -2**31, so no tile of u
-        # is held (spills 72 bytes a thread against 236 with the histograms' u, Triton 3.6, sm_90:
-        # tools/compile_select_kernels.py). Twelve counts
-        # (a compare and an add a candidate, one sum each), two of them packed with a second
-        # count (a tile holds < 2**16). H200, 1024 rows of 16384 (bench/bench_row_phases.py):
-        # 0.051 against 0.078 ms for the two tl.histogram passes.
+        # largest 12-bit prefix P with count(u >= P) >= nsel, how many are above it (up: the
+        # count at the end of P's range) and how many on it. Twelve counts, one sum each (a
+        # tile holds < 2**16). The first (the valid, u >= 2048) compares s; the other eleven
+        # compare two candidates at once: the u of candidates c and c + T / 2 (one thread holds
+        # both: a [2, T / 2] view, no layout conversion) in the 16-bit halves of an int32 x,
+        # each with a guard bit above it (bit 12), so x - (c | c << 16) leaves each half's bit
+        # 12 set where its u >= c (no borrow crosses the halves: 2**12 + u - c >= 1). The phase
+        # is issue-bound on these compares, not on the sums' barrier rounds: 66 SASS
+        # instructions a step against 113 comparing s (16384 tile, 16 warps, bench/cutoff_sass.py);
+        # H200, 1024 rows of 16384 (bench/bench_row_phases.py, variant halving): 0.069 against
+        # 0.088 ms to the end of the search, the kernel 0.928-0.94x at N = 16384 (session 7 of
+        # 2026-12-02, docs/benchmarks_select_kernel.md).
+        T: tl.constexpr = s.shape[0]
         c = tl.sum((s != -2147483648).to(tl.int32) + ((s >= 0).to(tl.int32) << 16), 0)  # valid; u >= 2048
         nsel = tl.minimum(c & 0xFFFF, K)
         hit = (c >> 16) >= nsel
         P = tl.where(hit, 2048, 0)
         ge = tl.where(hit, c >> 16, c & 0xFFFF)  # count(u >= P)
-        for t in range(1, 11):
+        up = tl.where(hit, 0, c >> 16)  # count(u >= the end of P's range)
+        # (an invalid s has u 0, below every c >= 1 of the steps)
+        ua, ub = tl.split(tl.permute(tl.reshape(top_digit(s, 12), [2, T // 2]), (1, 0)))
+        x = ua | (ub << 16) | 0x10001000
+        for t in range(1, 12):
             cand = P | (1 << (11 - t))
-            n = tl.sum((s >= ((cand << 20) ^ -2147483648)).to(tl.int32), 0)
+            n = tl.sum(((x - (cand | (cand << 16))) >> 12) & 0x10001, 0)
+            n = (n & 0xFFFF) + (n >> 16)
             hit = n >= nsel
             P = tl.where(hit, cand, P)
             ge = tl.where(hit, n, ge)
-        cand = P | 1
-        c = tl.sum((s >= ((cand << 20) ^ -2147483648)).to(tl.int32)
-                   + ((s > (((cand << 20) | 0xFFFFF) ^ -2147483648)).to(tl.int32) << 16), 0)  # u >= cand; u > cand
-        hit = (c & 0xFFFF) >= nsel
-        above = tl.where(hit, c >> 16, c & 0xFFFF)
-        ge = tl.where(hit, c & 0xFFFF, ge)
-        return nsel, tl.where(hit, cand, P), above, ge - above
+            up = tl.where(hit, up, n)
+        return nsel, P, up, ge - up
 
     @triton.jit
     def chunk_hist(sc_row, id_row, N, d1, CHUNK: tl.constexpr, PASS: tl.constexpr):
