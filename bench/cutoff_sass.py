@@ -3,7 +3,8 @@
     python bench/cutoff_sass.py [--block 16384] [--num-warps 16] [--arch 90]
 
 Compiles, with Triton's bundled ptxas, a kernel that loads a register tile and runs only
-``select_kernel.cutoff_search`` on it, disassembles it (bundled cuobjdump) and prints the
+``select_kernel.cutoff_search`` on it, disassembles it (tools/compile_select_kernels.py's
+``sass_instructions``: the bundled cuobjdump) and prints the
 instructions between consecutive barriers: each step of the search is one sum, so one
 stretch between barrier rounds. The phase is issue-bound (docs/benchmarks_select_kernel.md,
 session 7), so these counts predict its cost: H200, 16384 tile, 16 warps, about 0.17 us a round
@@ -14,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
-os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpflare_cutoff_sass_")  # a cold compile, every run
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+# (importing it points TRITON_CACHE_DIR at a fresh folder: a cold compile, every run)
+from compile_select_kernels import sass_instructions  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -48,13 +48,7 @@ def main(argv=None) -> int:
     src = ASTSource(fn=_cutoff_only, signature={"sc": "*fp32", "idp": "*i32", "out": "*i32", "N": "i32", "K": "i32",
                                                 "BLOCK": "constexpr"}, constexprs={(5,): a.block})
     c = triton.compile(src, target=GPUTarget("cuda", a.arch, 32), options={"num_warps": a.num_warps})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.TemporaryDirectory() as d:
-        f = os.path.join(d, "k.cubin")
-        with open(f, "wb") as fh:
-            fh.write(c.asm["cubin"])
-        sass = subprocess.run([tool, "-sass", f], capture_output=True, text=True, check=True).stdout
-    ins = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
+    ins = sass_instructions(c.asm["cubin"])
     bars = [j for j, ln in enumerate(ins) if "BAR.SYNC" in ln]
     print(f"cutoff_search, tile {a.block}, {a.num_warps} warps, sm_{a.arch}: {len(ins)} SASS instructions, "
           f"{len(bars)} barriers")

@@ -159,16 +159,20 @@ def compile_threaded(names: list, arch: int) -> int:
     return 1 if errors else 0
 
 
-def sass_spills(cubin: bytes) -> str:
-    """Instructions of the kernel's SASS and its local-memory (spill) stores and loads, from the
-    bundled cuobjdump."""
+def sass_instructions(cubin: bytes) -> list[str]:
+    """The kernel's SASS instructions, one line each, from the bundled cuobjdump."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as d:
         f = os.path.join(d, "k.cubin")
         with open(f, "wb") as fh:
             fh.write(cubin)
         sass = subprocess.run([tool, "-sass", f], capture_output=True, text=True).stdout
-    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
+    return [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
+
+
+def sass_spills(cubin: bytes) -> str:
+    """Instructions of the kernel's SASS and its local-memory (spill) stores and loads."""
+    lines = sass_instructions(cubin)
     stl = sum(" STL" in ln for ln in lines)
     ldl = sum(" LDL" in ln for ln in lines)
     return f"SASS {len(lines)} instructions, {stl} STL / {ldl} LDL"
