@@ -36,9 +36,9 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
     wk, wv, wo, cnt, pl = radix.winner_workspace(q, wb, st.play_slots(n), scores.device)
     grid = (q, -(-n // ca))
     fr1, fr2 = st.finish_tiers(binned, pr)
-    fin = dict(HB=st.HIST_BITS, ZS=zs, KB=wb, D=5, CH=2048, FR1=fr1, FR2=fr2)
+    fin = dict(HB=st.HIST_BITS, ZS=zs, KB=wb, D=5, CH=2048, FR1=fr1, FR2=fr2, ZN=st.narrow_offset(binned))
     st._hist_kernel[grid](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=st.HIST_BITS, ZS=zs,
-                          num_warps=nw_a)
+                          ZN=fin["ZN"], num_warps=nw_a)
     if stop == 1:
         return z
     st._compact_kernel[grid](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,

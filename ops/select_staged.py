@@ -25,8 +25,16 @@ run one after another in that program. Here short kernels each spread a row over
    their positions go to the row's list ``P``.
 3. **finish** ``grid (Q,)``: one program a row picks the still-needed winners among the ``m``
    candidates of ``P`` (``select_finish.finish_row``, shared with the row kernel: a radix
-   select on the score key, then the id, then the position; mass ties: the whole tie group)
-   and appends them to W. Up to ``FUSE_MAX_ROWS`` rows there is no finish kernel: the last
+   select on the score key, then the id, then the position) and appends them to W. A cutoff
+   bin of more candidates than the finish's registers hold (``FR2``: a mass tie, such as the
+   ``-inf`` of a padded row) is first *narrowed*: the compact kernel also counts its
+   candidates by a second digit, the score key's next ``HB`` bits, and by the id key's top
+   ``HB`` bits below those every valid id of the row shares (the histogram kernel ORs the id
+   keys and their complements); where every candidate in play has one score key (ORs of the
+   keys and complements share no bit) the id digit applies, else the score digit. The
+   finish's program then walks ``P`` once: candidates above the digit holding the last
+   winner go to W, those in it stay in ``P`` (compacted in place), and the finish runs on
+   those, mostly in registers, instead of several chunked passes over the whole bin. Up to ``FUSE_MAX_ROWS`` rows there is no finish kernel: the last
    compact program of a row to finish (a CTA barrier, then one gpu-scope acq_rel ticket, the
    cooperative-groups grid-sync pattern without the wait) runs it.
 4. **order**: ``radix.order_winners``: the rank kernel up to ``RANK_MAX_ROWS`` rows (binned W:
@@ -38,7 +46,8 @@ the radix passes are runtime loops, and the tile sizes come from a small fixed s
 
 Workspace: one zeroed int32 ``[Q, 4096 + 8]`` (histogram, slot counters, the ticket, what the
 ordering reads; binned: also the bins' slot counters and first slots, ``[Q, 3 * 4096 + 8]``,
-layout in ``radix.ZCTRS``) and one ``torch.empty`` for ``W`` (``KB`` winners a row, and room
+layout in ``radix.ZCTRS``; then the narrowing's two histograms and counters, ``2 * 4096 + 8``:
+``narrow_offset``) and one ``torch.empty`` for ``W`` (``KB`` winners a row, and room
 for a ranked cutoff bin when binned), the winner counts and ``P`` (``[Q, N]`` int32).
 ``N = 0`` is answered on the host (all pads).
 
@@ -60,8 +69,8 @@ except Exception:  # pragma: no cover - depends on the machine
     tl = None
     _HAVE_TRITON = False
 
-__all__ = ["staged_select", "plan", "rank_layout", "finish_tiers", "workspace_layout", "play_slots", "HIST_BITS",
-           "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
+__all__ = ["staged_select", "plan", "rank_layout", "finish_tiers", "workspace_layout", "narrow_offset", "play_slots",
+           "HIST_BITS", "RANK_MAX_ROWS", "FUSE_MAX_ROWS"]
 
 HIST_BITS = 12  # width of the first digit: 4096 bins of the global histogram
 RANK_MAX_ROWS = 4  # up to this many rows the rank kernel orders the winners (radix.order_winners)
@@ -71,6 +80,7 @@ FIN_TIERS = (1024, 4096)  # in-play candidates the finish holds in registers (th
 # rank_layout). H200, N = 16384, a quarter of the row tied: ranking 4096 beat the finish at one
 # row, 2048 at two, neither at four (docs/benchmarks_select_kernel.md)
 RANK_PLAY = 4096
+NARROW_CTRS = 8  # int32 counters after the narrowing's two histograms (4 used: _narrow_ctrs)
 
 
 def next_pow2(x: int) -> int:
@@ -123,17 +133,28 @@ def play_slots(n: int) -> int:
     return 2 * n
 
 
-def workspace_layout(k: int, n: int, binned: bool, pr: int) -> tuple[int, int, int]:
+def narrow_offset(binned: bool) -> int:
+    """Where the narrowing's part of a zeroed workspace row starts (``ZN``): after the first
+    digit's histogram and counters (and, binned, the bins' counters and first slots). It holds
+    the two narrowing histograms (the score key's second digit, the id key's top digit) and
+    ``NARROW_CTRS`` counters (``_narrow_ctrs``)."""
+    nb = 1 << HIST_BITS
+    return (3 * nb if binned else nb) + ZCTRS.value
+
+
+def workspace_layout(k: int, n: int, binned: bool, pr: int, narrow: bool = True) -> tuple[int, int, int]:
     """(W's row stride, the zeroed workspace's row, the rank kernel's slots a row) for ``k``
     winners of ``n`` candidates: with a binned W, room for a whole cutoff bin (one stride for
     every ``rank_play`` up to ``play_cap``: it is a runtime value, one compiled kernel) and the
     bins' counters and first slots (``radix.ZCTRS``: the layout); the rank kernel covers W's
-    entries (at most KB + rank_play, and at most n) and the k outputs."""
+    entries (at most KB + rank_play, and at most n) and the k outputs. ``narrow``: room for
+    the narrowing of a mass cutoff bin (``narrow_offset``)."""
     kb = max(2, next_pow2(k))
     nb = 1 << HIST_BITS
+    zs = narrow_offset(binned) + ((2 * nb + NARROW_CTRS) if narrow else 0)
     if not binned:
-        return kb, nb + ZCTRS.value, kb
-    return kb + max(pr, play_cap(kb)), 3 * nb + ZCTRS.value, max(k, min(kb + pr, n))
+        return kb, zs, kb
+    return kb + max(pr, play_cap(kb)), zs, max(k, min(kb + pr, n))
 
 
 def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None) -> tuple:
@@ -156,9 +177,102 @@ def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None)
 
 
 if _HAVE_TRITON:
-    from .radix import (ZCTRS, Z_ABOVE, Z_PSLOT, Z_TICKET, Z_USED, Z_WSLOT, generic_jit, load_chunk, pick_digit,
-                        put_winners, score_key, top_digit, z_bin_firsts, z_bin_slots)
-    from .select_finish import finish_row
+    from .radix import (ZCTRS, Z_ABOVE, Z_PSLOT, Z_TICKET, Z_USED, Z_WSLOT, bit_length, generic_jit, load_chunk,
+                        pick_digit, put_winners, score_key, top_digit, z_bin_firsts, z_bin_slots)
+    from .select_finish import finish_row, store_winners
+
+    @triton.jit
+    def _or(a, b):
+        return a | b
+
+    @triton.jit
+    def _narrow_ctrs(z_row, ZN: tl.constexpr, HB: tl.constexpr):
+        # the narrowing's counters: OR of the in-play score keys, OR of their complements (every
+        # in-play key equal: no bit in both), the same two of the row's valid id keys
+        return z_row + ZN + (2 << HB)
+
+    @triton.jit
+    def _id_digit(oc, HB: tl.constexpr):
+        # (shift, mask) of the id key's top digit: the HB bits below the highest bit in which
+        # the row's valid id keys differ (the bits above it are the same in every one)
+        top = bit_length((tl.load(oc + 2) & tl.load(oc + 3) & 0x7FFFFFFF).to(tl.int64)).to(tl.int32)
+        w = tl.minimum(top, HB)
+        return top - w, (1 << w) - 1
+
+    @triton.jit
+    def _play_digits(s, v, shv, mv, HB: tl.constexpr):
+        # the narrowing's digits of in-play candidates: the score key's second HB bits (the
+        # first are the cutoff bin's), the id key's top digit
+        return (s >> (32 - 2 * HB)) & ((1 << HB) - 1), (v >> shv) & mv
+
+    @triton.jit
+    def _narrow_hist(z_row, s, v, cut, npl, ZN: tl.constexpr, HB: tl.constexpr):
+        # a compact program's in-play candidates (mask cut, npl of them) into the narrowing's
+        # histograms and counters. A pure tie (every candidate one score key, one digit)
+        # adds one count, not npl to one address
+        hs = z_row + ZN
+        oc = _narrow_ctrs(z_row, ZN, HB)
+        shv, mv = _id_digit(oc, HB)
+        sd, vd = _play_digits(s, v, shv, mv, HB)
+        lo = tl.min(tl.where(cut, sd, 1 << HB), 0)
+        hi = tl.max(tl.where(cut, sd, -1), 0)
+        if lo == hi:
+            tl.atomic_add(hs + lo, npl, sem="relaxed")
+        else:
+            tl.atomic_add(hs + sd, tl.full(sd.shape, 1, tl.int32), mask=cut, sem="relaxed")
+        tl.atomic_add(hs + (1 << HB) + vd, tl.full(vd.shape, 1, tl.int32), mask=cut, sem="relaxed")
+        tl.atomic_or(oc, tl.reduce(tl.where(cut, s, 0), 0, _or), sem="relaxed")
+        tl.atomic_or(oc + 1, tl.reduce(tl.where(cut, ~s, 0), 0, _or), sem="relaxed")
+
+    @triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
+    def _narrow_play(sc_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, z_row, row, N, s_sq, nsel, above, m,
+                     KB: tl.constexpr, CH: tl.constexpr, ZN: tl.constexpr, HB: tl.constexpr):
+        # one program, before the finish of a cutoff bin of m > FR2 candidates: the narrowing
+        # histograms (of the second score digit, or, where every in-play candidate has one
+        # score key, of the id key's top digit) give the digit holding the last winner: the
+        # candidates above it go to W (from slot above), those in it stay in P (compacted in
+        # place), the rest lose. One pass over P; returns the finish's (above, m).
+        oc = _narrow_ctrs(z_row, ZN, HB)
+        pure = (tl.load(oc) & tl.load(oc + 1)) == 0
+        shv, mv = _id_digit(oc, HB)
+        need = nsel - above
+        NB: tl.constexpr = 1 << HB
+        h = tl.load(z_row + ZN + pure.to(tl.int32) * NB + tl.arange(0, NB))
+        dd, above_d, cnt = pick_digit(h, need, NB)
+        take = (need - above_d) == cnt  # every candidate of the digit wanted: no finish
+        above2 = above
+        m2 = m
+        if cnt < m:
+            sc_row = sc_ptr + row * s_sq
+            p_row = p_ptr + row * (2 * N)
+            base = above
+            pb = need * 0
+            for c0 in range(0, m, CH):
+                j = c0 + tl.arange(0, CH)
+                mj = j < m
+                o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P: written by other programs
+                i = tl.load(p_row + N + j, mask=mj, other=0, cache_modifier=".cg")
+                b = tl.load(sc_row + o, mask=mj & (j * 0 + pure.to(tl.int32) == 0), other=0.0).to(tl.int32, bitcast=True)
+                s = score_key(b, i)
+                v = 2147483647 - i
+                sd, vd = _play_digits(s, v, shv, mv, HB)
+                d = tl.where(pure, vd, sd)
+                take_t = (j * 0 + take.to(tl.int32)) != 0  # (tensor masks: a scalar bool in a mask trips the interpreter)
+                win = mj & ((d > dd) | (take_t & (d == dd)))
+                # after a pure tie the winners' own score bits (NaN payloads differ in one key)
+                b = tl.where(pure, tl.load(sc_row + o, mask=win, other=0.0).to(tl.int32, bitcast=True), b)
+                s = score_key(b, i)
+                base = store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, win, s, v, b, o, KB)
+                keep = mj & (d == dd) & (take_t == 0)
+                ki = keep.to(tl.int32)
+                slot = pb + tl.cumsum(ki, 0) - 1  # <= j: a chunk is read before it is written
+                tl.store(p_row + slot, o, mask=keep)
+                tl.store(p_row + N + slot, i, mask=keep)
+                pb += tl.sum(ki, 0)
+            tl.debug_barrier()  # P and W, written by the program's threads, read by others in the finish
+            above2 = base
+            m2 = pb
+        return above2, m2
 
     @triton.jit
     def _cutoff(z_row, K, HB: tl.constexpr):
@@ -170,18 +284,25 @@ if _HAVE_TRITON:
         return h, nsel, dstar, above, m
 
     @generic_jit
-    def _hist_kernel(sc_ptr, id_ptr, z_ptr, N, s_sq, s_iq, CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr):
+    def _hist_kernel(sc_ptr, id_ptr, z_ptr, N, s_sq, s_iq, CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr,
+                     ZN: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
         ones = tl.full([CA], 1, tl.int32)
-        tl.atomic_add(z_ptr + row * ZS + top_digit(s, HB), ones, mask=s != -2147483648, sem="relaxed")
+        valid = s != -2147483648
+        tl.atomic_add(z_ptr + row * ZS + top_digit(s, HB), ones, mask=valid, sem="relaxed")
+        if ZN > 0:  # the bits in which the row's valid id keys differ (the narrowing's id digit)
+            v = 2147483647 - i
+            oc = _narrow_ctrs(z_ptr + row * ZS, ZN, HB)
+            tl.atomic_or(oc + 2, tl.reduce(tl.where(valid, v, 0), 0, _or), sem="relaxed")
+            tl.atomic_or(oc + 3, tl.reduce(tl.where(valid, ~v, 0), 0, _or), sem="relaxed")
 
     @generic_jit
     def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
                         CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr,
                         FUSED: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr,
-                        FR2: tl.constexpr, BINNED: tl.constexpr):
+                        FR2: tl.constexpr, BINNED: tl.constexpr, ZN: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
         NB: tl.constexpr = 1 << HB
@@ -230,6 +351,9 @@ if _HAVE_TRITON:
                 ps = p_ptr + row * (2 * N) + pbase + tl.cumsum(ci, 0) - 1
                 tl.store(ps, o, mask=cut)
                 tl.store(ps + N, i, mask=cut)
+                if ZN > 0:
+                    if m > FR2:  # more than the finish's registers hold: histograms to narrow it
+                        _narrow_hist(z_row, s, v, cut, npl, ZN, HB)
         if FUSED:
             if keep == 0:  # (ranked, or the whole bin taken: nothing to finish)
                 # the last program of the row to get here finishes it: a CTA barrier, then one
@@ -239,23 +363,32 @@ if _HAVE_TRITON:
                 ticket = tl.atomic_add(z_row + NB + Z_TICKET, 1, sem="acq_rel", scope="gpu")
                 if ticket == tl.num_programs(1) - 1:
                     # the cutoff scan above holds for the whole row: the finish reuses it
+                    if ZN > 0:
+                        if m > FR2:
+                            above, m = _narrow_play(sc_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, z_row, row, N, s_sq, nsel,
+                                                    above, m, KB, CH, ZN, HB)
                     finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq,
                                nsel, above, m, KB, D, CH, FR1, FR2, 0, True)
 
     @generic_jit
     def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
                        HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                       FR1: tl.constexpr, FR2: tl.constexpr):
+                       FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        h, nsel, dstar, above, m = _cutoff(z_ptr + row * ZS, K, HB)
+        z_row = z_ptr + row * ZS
+        h, nsel, dstar, above, m = _cutoff(z_row, K, HB)
         if (nsel - above >= m) | (m > play_max):  # (else the rank kernel ranks the cutoff bin whole)
+            if ZN > 0:
+                if (nsel - above < m) & (m > FR2):  # (as the compact kernel decided: its histograms)
+                    above, m = _narrow_play(sc_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, z_row, row, N, s_sq, nsel, above,
+                                            m, KB, CH, ZN, HB)
             finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
                        KB, D, CH, FR1, FR2, 0, True)
 
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
                   n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
-                  order=None, fuse=None, radix_bits: int = 5, rank_play=None, rank_cols=None):
+                  order=None, fuse=None, radix_bits: int = 5, rank_play=None, rank_cols=None, narrow: bool = True):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
@@ -263,7 +396,9 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     options (defaults: ``plan``): ``ca``, ``fuse``; the finish's ``fin_chunk``
     (candidates of ``P`` a step), ``fin_warps``, ``fin_resident`` (its largest register tier),
     ``radix_bits``; ``order``: ``radix.order_winners``; ``rank_rows`` and ``rank_cols``: the
-    rank kernel's tile (default ``rank_tile``); ``rank_play``: ``rank_layout``.
+    rank kernel's tile (default ``rank_tile``); ``rank_play``: ``rank_layout``; ``narrow``
+    (default on): a cutoff bin of more candidates than the finish's registers hold is first
+    narrowed by one more digit (module docstring, step 3).
     """
     from .radix import order_winners, winner_workspace
 
@@ -281,15 +416,16 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     ca, fuse, fw = plan(q, n, kb, n_sm, ca, fuse, fin_warps)
     binned, pr = rank_layout(q, kb, order, rank_play)
     fr1, fr2 = finish_tiers(binned, pr, fr2)
-    wb, zs, span = workspace_layout(k, n, binned, pr)
+    wb, zs, span = workspace_layout(k, n, binned, pr, bool(narrow))
+    zn = narrow_offset(binned) if narrow else 0
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)
     dev = scores.device
     z = torch.zeros((q, zs), dtype=torch.int32, device=dev)
     wk, wv, wo, cnt, pl = winner_workspace(q, wb, play_slots(n), dev)
     grid_a = (q, -(-n // ca))
-    fin = dict(HB=HIST_BITS, ZS=zs, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2)
-    _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs,
+    fin = dict(HB=HIST_BITS, ZS=zs, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2, ZN=zn)
+    _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs, ZN=zn,
                          num_warps=nw_a)
     _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                             CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin)

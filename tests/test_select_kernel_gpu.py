@@ -494,6 +494,109 @@ def test_radix_digit_widths(bits, resident):
         check_equal(got, ref_packed(scores, ids, 2048), f"{kind} radix_bits={bits} resident={resident}")
 
 
+def narrow_model(scores: torch.Tensor, ids: torch.Tensor, k: int, hb: int = 12) -> dict:
+    """The staged path's narrowing of one row's cutoff bin, in plain Python (what the kernels
+    should find, so a test can assert which branch its input takes): the first digit's cutoff
+    bin (``m`` candidates, ``need`` of them wanted), whether every one of them has one score
+    key (``pure``), the narrowing digit's count at the cutoff (``cnt``) and whether all of those
+    are wanted (``take``)."""
+    bits = [b & 0xFFFFFFFF for b in scores.view(torch.int32).tolist()]
+    ident = ids.tolist()
+
+    def key(b, i):  # the signed score key as an unsigned 32-bit pattern
+        if i < 0:
+            return None
+        if (b & 0x7FFFFFFF) > 0x7F800000:
+            return 0x80000001  # NaN: just above the invalid key
+        return (b ^ 0x7FFFFFFF if b >> 31 else b) & 0xFFFFFFFF
+
+    keys = [key(b, i) for b, i in zip(bits, ident)]
+    valid = [j for j, x in enumerate(keys) if x is not None]
+    first = {j: ((keys[j] >> (32 - hb)) ^ (1 << (hb - 1))) for j in valid}
+    nsel = min(len(valid), k)
+
+    def cutoff(digits, want):
+        # the largest digit whose suffix holds want; the count above it and in it
+        for d in sorted(set(digits.values()), reverse=True):
+            above = sum(1 for x in digits.values() if x > d)
+            cnt = sum(1 for x in digits.values() if x == d)
+            if above + cnt >= want:
+                return d, above, cnt
+        raise AssertionError("no cutoff")
+
+    dstar, above, m = cutoff(first, nsel)
+    play = [j for j in valid if first[j] == dstar]
+    need = nsel - above
+    pure = len({keys[j] for j in play}) == 1
+    vs = [0x7FFFFFFF - ident[j] for j in valid]
+    diff = 0
+    for a in vs:
+        for b in vs[:1]:
+            diff |= a ^ b
+    top = diff.bit_length()
+    w = min(top, hb)
+    if pure:
+        digits = {j: ((0x7FFFFFFF - ident[j]) >> (top - w)) & ((1 << w) - 1) for j in play}
+    else:
+        digits = {j: (keys[j] >> (32 - 2 * hb)) & ((1 << hb) - 1) for j in play}
+    dd, above_d, cnt = cutoff(digits, need)
+    return dict(m=m, need=need, pure=pure, cnt=cnt, take=need - above_d == cnt)
+
+
+def _narrow_case(case: str, q: int, n: int, g: torch.Generator):
+    scores = torch.full((q, n), 1.5)
+    ids = torch.stack([torch.randperm(n, generator=g) for _ in range(q)]).to(torch.int32)
+    if case == "ids_clustered":  # one far id: the id digit's bins are 512 ids wide
+        ids[:, 0] = (1 << 20) + 5
+    elif case == "ids_one_bin":  # a far id out of play: every in-play id in one digit
+        ids[:, 0] = 1 << 30
+        scores[:, 0] = -1.0
+    elif case == "ids_take":  # ids 7 apart: one candidate a digit, every one wanted
+        ids = ids * 7
+    elif case == "second_digit":  # 128 scores in one first-digit bin, told apart by the second
+        scores = 1.0 + torch.randint(0, 128, (q, n), generator=g).float() * 2.0 ** -10
+    elif case == "low_bits":  # scores that differ below the second digit: nothing to narrow
+        scores = 1.0 + torch.randint(0, 64, (q, n), generator=g).float() * 2.0 ** -23
+    elif case == "nan_dups":  # NaN with assorted payloads (one score key), every id twice
+        nan_bits = torch.tensor([0x7FC00000, 0x7FC00001, 0x7F800001, 0xFFC00002 - (1 << 32), 0xFFFFFFFF - (1 << 32)],
+                                dtype=torch.int32).view(torch.float32)
+        scores = torch.where(torch.rand(q, n, generator=g) < 0.9, nan_bits[torch.randint(0, 5, (q, n), generator=g)],
+                             torch.randn(q, n, generator=g))
+        ids[:, n // 2:] = ids[:, : n - n // 2].clone()
+    else:
+        raise ValueError(case)
+    return scores.contiguous(), ids.contiguous()
+
+
+# (case, what the narrowing model must find in every row: the branch the case is for)
+NARROW_CASES = {
+    "ids_clustered": lambda r: r["pure"] and not r["take"] and 64 < r["cnt"] < r["m"],  # the finish's chunks after
+    "ids_one_bin": lambda r: r["pure"] and r["cnt"] == r["m"],  # no narrowing pass
+    "ids_take": lambda r: r["pure"] and r["take"],  # the digit's candidates all taken: no finish
+    "second_digit": lambda r: not r["pure"] and not r["take"] and r["cnt"] <= 64 < r["m"],  # registers after
+    "low_bits": lambda r: not r["pure"] and r["cnt"] == r["m"],
+    "nan_dups": lambda r: r["pure"] and r["cnt"] < r["m"],
+}
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("case", list(NARROW_CASES))
+def test_staged_narrowing(case, fuse):
+    """The staged path's narrowing of a cutoff bin bigger than the finish's registers (here 64,
+    ``fin_resident``): by the id key's top digit where the bin is one score key (a pure tie),
+    else by the score key's second digit, then the finish on what is left (in registers or
+    chunks), or no finish where the digit's candidates are all wanted, or no narrowing where
+    one digit holds the whole bin. The Python model asserts each case takes its branch."""
+    _require_kernel()
+    q, n, k = 2, 1500, 64 if case != "nan_dups" else 300
+    scores, ids = _narrow_case(case, q, n, torch.Generator().manual_seed(len(case)))
+    for r in range(q):
+        model = narrow_model(scores[r], ids[r], k)
+        assert NARROW_CASES[case](model), f"{case} row {r}: {model}"
+    got = run_kernel(scores, ids, k, path="staged", staged=dict(fin_resident=64, fuse=fuse, rank_play=0), order="rank")
+    check_equal(got, ref_python(scores, ids, k), f"{case} fuse={fuse}")
+
+
 @pytest.mark.parametrize("bin_size,play", [(16, 16), (17, 16), (16, 8), (16, 0)])
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 def test_staged_rank_play_boundary(bin_size, play, fuse):

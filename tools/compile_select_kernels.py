@@ -47,12 +47,12 @@ _WB, _ZSB, _ = st.workspace_layout(2048, 16384, True, st.RANK_PLAY)  # the binne
 _W, _ZS, _ = st.workspace_layout(2048, 16384, False, 0)
 _FR1, _FR2 = st.finish_tiers(True, st.RANK_PLAY)  # the binned W's tiers (no first tier)
 _RF1, _RF2 = st.finish_tiers(False, 0)  # the row kernel's
-_FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=_WB, D=5, CH=2048, FR1=_FR1, FR2=_FR2)
+_FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=_WB, D=5, CH=2048, FR1=_FR1, FR2=_FR2, ZN=st.narrow_offset(True))
 KERNELS = {
-    "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"]), 2),
+    "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"], ZN=_FIN["ZN"]), 2),
     "staged compact+finish (fused)": (st._compact_kernel, dict(CA=512, FUSED=True, BINNED=True, **_FIN), 8),
     "staged compact": (st._compact_kernel, dict(CA=4096, FUSED=False, BINNED=False,
-                                                **dict(_FIN, KB=_W, ZS=_ZS)), 8),
+                                                **dict(_FIN, KB=_W, ZS=_ZS, ZN=st.narrow_offset(False))), 8),
     "staged finish": (st._finish_kernel, _FIN, 8),
     "rank": (rx._rank_kernel, dict(KB=_WB, SL=8, JB=256, BINNED=True, ZS=_ZSB, HB=st.HIST_BITS), 4),
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
