@@ -291,7 +291,20 @@ if _HAVE_TRITON:
         s = score_key(b, i)
         ones = tl.full([CA], 1, tl.int32)
         valid = s != -2147483648
-        tl.atomic_add(z_ptr + row * ZS + top_digit(s, HB), ones, mask=valid, sem="relaxed")
+        d = top_digit(s, HB)
+        # the program's lowest and highest bins take one count each, the rest one a candidate: a
+        # mass tie (a padded row's -inf, the lowest) would otherwise put thousands of atomics
+        # on one address, which serialise in L2
+        lo = tl.min(tl.where(valid, d, 1 << HB), 0)
+        hi = tl.max(tl.where(valid, d, -1), 0)
+        nlo = tl.sum((valid & (d == lo)).to(tl.int32), 0)
+        nhi = tl.sum((valid & (d == hi)).to(tl.int32), 0)
+        z_row = z_ptr + row * ZS
+        if nlo > 0:
+            tl.atomic_add(z_row + lo, nlo, sem="relaxed")
+        if hi > lo:
+            tl.atomic_add(z_row + hi, nhi, sem="relaxed")
+        tl.atomic_add(z_row + d, ones, mask=valid & (d != lo) & (d != hi), sem="relaxed")
         if ZN > 0:  # the bits in which the row's valid id keys differ (the narrowing's id digit)
             v = 2147483647 - i
             oc = _narrow_ctrs(z_ptr + row * ZS, ZN, HB)
