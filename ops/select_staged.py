@@ -186,6 +186,10 @@ if _HAVE_TRITON:
         return a | b
 
     @triton.jit
+    def _min_max(a, b, c, d):
+        return tl.minimum(a, c), tl.maximum(b, d)
+
+    @triton.jit
     def _narrow_ctrs(z_row, ZN: tl.constexpr, HB: tl.constexpr):
         # the narrowing's counters: OR of the in-play score keys, OR of their complements (every
         # in-play key equal: no bit in both), the same two of the row's valid id keys
@@ -292,19 +296,24 @@ if _HAVE_TRITON:
         ones = tl.full([CA], 1, tl.int32)
         valid = s != -2147483648
         d = top_digit(s, HB)
-        # the program's lowest and highest bins take one count each, the rest one a candidate: a
-        # mass tie (a padded row's -inf, the lowest) would otherwise put thousands of atomics
-        # on one address, which serialise in L2
-        lo = tl.min(tl.where(valid, d, 1 << HB), 0)
-        hi = tl.max(tl.where(valid, d, -1), 0)
-        nlo = tl.sum((valid & (d == lo)).to(tl.int32), 0)
-        nhi = tl.sum((valid & (d == hi)).to(tl.int32), 0)
+        # few distinct bins (a mass tie: a padded row's -inf, a few tied scores) would put
+        # thousands of atomics on one address, which serialise in L2: the program's lowest and
+        # highest bins take one count each, again on the rest while those held an eighth of it
         z_row = z_ptr + row * ZS
-        if nlo > 0:
-            tl.atomic_add(z_row + lo, nlo, sem="relaxed")
-        if hi > lo:
-            tl.atomic_add(z_row + hi, nhi, sem="relaxed")
-        tl.atomic_add(z_row + d, ones, mask=valid & (d != lo) & (d != hi), sem="relaxed")
+        rest = valid
+        go = tl.sum(ones, 0) > 0
+        r = 0
+        while go:
+            lo, hi = tl.reduce((tl.where(rest, d, 1 << HB), tl.where(rest, d, -1)), 0, _min_max)
+            c = tl.sum(tl.where(rest & (d == lo), 1, 0) + tl.where(rest & (d == hi) & (hi != lo), 1 << 16, 0), 0)
+            if c > 0:
+                tl.atomic_add(z_row + lo, c & 0xFFFF, sem="relaxed")
+                if hi != lo:
+                    tl.atomic_add(z_row + hi, c >> 16, sem="relaxed")
+            rest = rest & (d != lo) & (d != hi)
+            r += 1
+            go = (r < 4) & (((c & 0xFFFF) + (c >> 16)) * 8 > CA)
+        tl.atomic_add(z_row + d, ones, mask=rest, sem="relaxed")
         if ZN > 0:  # the bits in which the row's valid id keys differ (the narrowing's id digit)
             v = 2147483647 - i
             oc = _narrow_ctrs(z_ptr + row * ZS, ZN, HB)
