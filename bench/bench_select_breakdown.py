@@ -1,6 +1,7 @@
 """Where the time of the staged selection path goes, and how its tile options move it (H200).
 
     python bench/bench_select_breakdown.py --out breakdown.json
+    python bench/bench_select_breakdown.py --out b.json --n 131072 --patterns ties,short --rows 1 --stages-only
 
 Prefixes of the staged path's launch sequence are captured in CUDA graphs and replayed (each
 prefix ends in a consistent state, so replays are safe): workspace memset, + histogram, +
@@ -78,20 +79,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--n", type=int, default=16384, help="candidates a row of the stage costs")
+    ap.add_argument("--patterns", default="random,ties", help="of bench_select_kernel.make_inputs")
+    ap.add_argument("--rows", default="1,1:0,8", help="Q (Q:rank_play) of the stage costs")
+    ap.add_argument("--stages-only", action="store_true", help="no tile options")
     a = ap.parse_args(argv)
-    k = a.k
+    k, n = a.k, a.n
     recs = []
-    for pattern in ("random", "ties"):
-        for q, play in ((1, None), (1, 0), (8, None)):  # play 0: the finish picks the cutoff bin's winners
-            sets = [make_inputs(q, 16384, pattern, seed=i) for i in range(3)]
+    rows = [(int(r.split(":")[0]), int(r.split(":")[1]) if ":" in r else None) for r in a.rows.split(",")]
+    for pattern in a.patterns.split(","):
+        for q, play in rows:  # play 0: the finish picks the cutoff bin's winners
+            sets = [make_inputs(q, n, pattern, seed=i) for i in range(3)]
             prev = 0.0
             for stop, name in enumerate(("memset", "+hist", "+compact", "+finish", "+order")):
                 ms = time_graph(lambda s, i: staged_prefix(s, i, k, stop, play), sets, 10, 10)
-                recs.append(dict(kind="prefix", pattern=pattern, q=q, n=16384, stage=name, graph_ms=ms,
+                recs.append(dict(kind="prefix", pattern=pattern, q=q, n=n, stage=name, graph_ms=ms,
                                  stage_ms=ms - prev, rank_play=play))
                 prev = ms
                 print(json.dumps(recs[-1]), flush=True)
-    for (q, n), opts in OPTIONS.items():
+    for (q, n), opts in ({} if a.stages_only else OPTIONS).items():
         for pattern in ("random", "ties"):
             sets = [make_inputs(q, n, pattern, seed=i) for i in range(3)]
             ref = sk.triton_ordered_select(*sets[0], k)
@@ -109,7 +115,7 @@ def main(argv=None) -> int:
     print("\nstage costs (graph replay ms):")
     for r in recs:
         if r["kind"] == "prefix":
-            print(f"{r['pattern']:7} Q={r['q']:<5} play={r['rank_play']} {r['stage']:9} total {r['graph_ms']:.4f}  "
+            print(f"{r['pattern']:7} N={r['n']:<6} Q={r['q']:<5} play={r['rank_play']} {r['stage']:9} total {r['graph_ms']:.4f}  "
                   f"stage {r['stage_ms']:.4f}")
     print("\noptions (graph replay ms):")
     for r in recs:
