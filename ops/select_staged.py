@@ -179,7 +179,7 @@ def plan(q: int, n: int, kb: int, n_sm: int, ca=None, fuse=None, fin_warps=None)
 if _HAVE_TRITON:
     from .radix import (ZCTRS, Z_ABOVE, Z_PSLOT, Z_TICKET, Z_USED, Z_WSLOT, bit_length, generic_jit, load_chunk,
                         pick_digit, put_winners, score_key, top_digit, z_bin_firsts, z_bin_slots)
-    from .select_finish import finish_row, store_winners
+    from .select_finish import finish_row
 
     @triton.jit
     def _or(a, b):
@@ -266,13 +266,17 @@ if _HAVE_TRITON:
                 # after a pure tie the winners' own score bits (NaN payloads differ in one key)
                 b = tl.where(pure, tl.load(sc_row + o, mask=win, other=0.0).to(tl.int32, bitcast=True), b)
                 s = score_key(b, i)
-                base = store_winners(wk_ptr, wv_ptr, wo_ptr, row, base, win, s, v, b, o, KB)
                 keep = mj & (d == dd) & (take_t == 0)
-                ki = keep.to(tl.int32)
-                slot = pb + tl.cumsum(ki, 0) - 1  # <= j: a chunk is read before it is written
+                # one scan for both lists: winners counted in the low 16 bits, kept in the high
+                x = tl.cumsum(win.to(tl.int32) + (keep.to(tl.int32) << 16), 0)
+                put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + (x & 0xFFFF) - 1, win, s,
+                            v, b, o)
+                slot = pb + (x >> 16) - 1  # <= j: a chunk is read before it is written
                 tl.store(p_row + slot, o, mask=keep)
                 tl.store(p_row + N + slot, i, mask=keep)
-                pb += tl.sum(ki, 0)
+                t = tl.max(x, 0)  # (the inclusive scan's last: both totals)
+                base += t & 0xFFFF
+                pb += t >> 16
             tl.debug_barrier()  # P and W, written by the program's threads, read by others in the finish
             above2 = base
             m2 = pb
@@ -442,6 +446,8 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     zn = narrow_offset(binned) if narrow else 0
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)
+    if not 16 <= ch <= 32768 or ch & (ch - 1):  # (the narrowing counts a chunk's two lists in 16-bit halves)
+        raise ValueError(f"fin_chunk must be a power of two in 16..32768, got {fin_chunk}")
     dev = scores.device
     z = torch.zeros((q, zs), dtype=torch.int32, device=dev)
     wk, wv, wo, cnt, pl = winner_workspace(q, wb, play_slots(n), dev)
