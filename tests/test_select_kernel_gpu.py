@@ -772,6 +772,10 @@ def test_rejects_bad_input():
         with pytest.raises(ValueError):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      path="staged", staged=dict(radix_bits=9))
+        for ch in (65536, 3000):  # the narrowing counts a chunk in 16 bits; chunks are powers of two
+            with pytest.raises(ValueError, match="fin_chunk"):
+                sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev),
+                                         1, path="staged", staged=dict(fin_chunk=ch))
         with pytest.raises(ValueError):
             sk.triton_ordered_select(torch.zeros(2, 3, device=dev), torch.zeros(2, 3, dtype=torch.int32, device=dev), 1,
                                      path="rows")
