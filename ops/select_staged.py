@@ -251,11 +251,19 @@ if _HAVE_TRITON:
             p_row = p_ptr + row * (2 * N)
             base = above
             pb = need * 0
+            # a pure tie's score bits follow from its one key (oc), but for NaN (payloads differ)
+            sk = tl.load(oc)
+            gather = (pure == 0) | (sk == -2147483647)
+            bk = tl.where(sk >= 0, sk, sk ^ 0x7FFFFFFF)
+            j = tl.arange(0, CH)
+            o = tl.load(p_row + j, mask=j < m, other=0, cache_modifier=".cg")  # P: written by other programs
+            i = tl.load(p_row + N + j, mask=j < m, other=0, cache_modifier=".cg")
             for c0 in range(0, m, CH):
                 j = c0 + tl.arange(0, CH)
                 mj = j < m
-                o = tl.load(p_row + j, mask=mj, other=0, cache_modifier=".cg")  # P: written by other programs
-                i = tl.load(p_row + N + j, mask=mj, other=0, cache_modifier=".cg")
+                # the next chunk's reads, in flight meanwhile (this chunk writes below c0 + CH only)
+                o_n = tl.load(p_row + j + CH, mask=j + CH < m, other=0, cache_modifier=".cg")
+                i_n = tl.load(p_row + N + j + CH, mask=j + CH < m, other=0, cache_modifier=".cg")
                 b = tl.load(sc_row + o, mask=mj & (j * 0 + pure.to(tl.int32) == 0), other=0.0).to(tl.int32, bitcast=True)
                 s = score_key(b, i)
                 v = 2147483647 - i
@@ -263,9 +271,10 @@ if _HAVE_TRITON:
                 d = tl.where(pure, vd, sd)
                 take_t = (j * 0 + take.to(tl.int32)) != 0  # (tensor masks: a scalar bool in a mask trips the interpreter)
                 win = mj & ((d > dd) | (take_t & (d == dd)))
-                # after a pure tie the winners' own score bits (NaN payloads differ in one key)
-                b = tl.where(pure, tl.load(sc_row + o, mask=win, other=0.0).to(tl.int32, bitcast=True), b)
-                s = score_key(b, i)
+                if pure:  # the winners' score bits
+                    b = tl.where(gather, tl.load(sc_row + o, mask=win & (j * 0 + gather.to(tl.int32) != 0),
+                                                 other=0.0).to(tl.int32, bitcast=True), bk)
+                    s = score_key(b, i)
                 keep = mj & (d == dd) & (take_t == 0)
                 # one scan for both lists: winners counted in the low 16 bits, kept in the high
                 x = tl.cumsum(win.to(tl.int32) + (keep.to(tl.int32) << 16), 0)
@@ -277,6 +286,8 @@ if _HAVE_TRITON:
                 t = tl.max(x, 0)  # (the inclusive scan's last: both totals)
                 base += t & 0xFFFF
                 pb += t >> 16
+                o = o_n
+                i = i_n
             tl.debug_barrier()  # P and W, written by the program's threads, read by others in the finish
             above2 = base
             m2 = pb
