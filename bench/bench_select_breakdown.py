@@ -2,6 +2,7 @@
 
     python bench/bench_select_breakdown.py --out breakdown.json
     python bench/bench_select_breakdown.py --out b.json --n 131072 --patterns ties,short --rows 1 --stages-only
+    python bench/bench_select_breakdown.py --out o.json --patterns ties,short --rows 1 --options 1x131072,1x32768
 
 Prefixes of the staged path's launch sequence are captured in CUDA graphs and replayed (each
 prefix ends in a consistent state, so replays are safe): workspace memset, + histogram, +
@@ -68,10 +69,13 @@ OPTIONS = {
     (64, 16384): [dict(path="row", num_warps=8), dict(path="row", radix_bits=4), dict(path="row", radix_bits=6),
                   dict(path="staged", staged=dict(ca=2048)), dict(path="staged", staged=dict(ca=4096))],
     (1024, 16384): [dict(path="row", num_warps=8), dict(path="row", radix_bits=6)],
-    (1, 131072): [dict(path="staged", staged=dict(fin_warps=16)), dict(path="staged", staged=dict(fin_chunk=4096)),
-                  dict(path="staged", staged=dict(fin_warps=16, fin_chunk=4096)),
+    (1, 131072): [dict(path="staged", staged=dict(fin_warps=8)), dict(path="staged", staged=dict(fin_chunk=4096)),
+                  dict(path="staged", staged=dict(fin_chunk=8192)), dict(path="staged", staged=dict(fin_warps=8, fin_chunk=4096)),
                   dict(path="staged", staged=dict(fin_warps=32, fin_chunk=8192)),
                   dict(path="staged", staged=dict(rank_play=0)), dict(path="staged", staged=dict(rank_play=8192))],
+    # the narrowing pass's chunk and warps on a tie group of about 31000 (`short`; 8 warps by default)
+    (1, 32768): [dict(path="staged", staged=dict(fin_warps=16)), dict(path="staged", staged=dict(fin_chunk=4096)),
+                 dict(path="staged", staged=dict(fin_chunk=8192)), dict(path="staged", staged=dict(fin_warps=16, fin_chunk=4096))],
 }
 
 
@@ -83,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--patterns", default="random,ties", help="of bench_select_kernel.make_inputs")
     ap.add_argument("--rows", default="1,1:0,8", help="Q (Q:rank_play) of the stage costs")
     ap.add_argument("--stages-only", action="store_true", help="no tile options")
+    ap.add_argument("--options", default="", help="only these shapes' tile options (QxN, comma-separated)")
     a = ap.parse_args(argv)
     k, n = a.k, a.n
     recs = []
@@ -97,8 +102,11 @@ def main(argv=None) -> int:
                                  stage_ms=ms - prev, rank_play=play))
                 prev = ms
                 print(json.dumps(recs[-1]), flush=True)
+    only = {tuple(int(x) for x in o.split("x")) for o in a.options.split(",") if o}
     for (q, n), opts in ({} if a.stages_only else OPTIONS).items():
-        for pattern in ("random", "ties"):
+        if only and (q, n) not in only:
+            continue
+        for pattern in a.patterns.split(","):
             sets = [make_inputs(q, n, pattern, seed=i) for i in range(3)]
             ref = sk.triton_ordered_select(*sets[0], k)
             for kw in [{}] + opts:
