@@ -316,7 +316,7 @@ if _HAVE_TRITON:
         # highest bins take one count each, again on the rest while those held an eighth of it
         z_row = z_ptr + row * ZS
         rest = valid
-        go = tl.sum(ones, 0) > 0
+        go = tl.sum(ones, 0) > 0  # (True, as a scalar tensor: the loop reassigns it)
         r = 0
         while go:
             lo, hi = tl.reduce((tl.where(rest, d, 1 << HB), tl.where(rest, d, -1)), 0, _min_max)

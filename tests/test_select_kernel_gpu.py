@@ -586,15 +586,19 @@ def test_staged_narrowing(case, fuse):
     ``fin_resident``): by the id key's top digit where the bin is one score key (a pure tie),
     else by the score key's second digit, then the finish on what is left (in registers or
     chunks), or no finish where the digit's candidates are all wanted, or no narrowing where
-    one digit holds the whole bin. The Python model asserts each case takes its branch."""
+    one digit holds the whole bin; and with ``narrow=False``. The Python model asserts each
+    case takes its branch."""
     _require_kernel()
     q, n, k = 2, 1500, 64 if case != "nan_dups" else 300
     scores, ids = _narrow_case(case, q, n, torch.Generator().manual_seed(len(case)))
     for r in range(q):
         model = narrow_model(scores[r], ids[r], k)
         assert NARROW_CASES[case](model), f"{case} row {r}: {model}"
-    got = run_kernel(scores, ids, k, path="staged", staged=dict(fin_resident=64, fuse=fuse, rank_play=0), order="rank")
-    check_equal(got, ref_python(scores, ids, k), f"{case} fuse={fuse}")
+    ref = ref_python(scores, ids, k)
+    for narrow in (True, False):  # (False: the finish walks the whole bin, as before the narrowing)
+        got = run_kernel(scores, ids, k, path="staged", order="rank",
+                         staged=dict(fin_resident=64, fuse=fuse, rank_play=0, narrow=narrow))
+        check_equal(got, ref, f"{case} fuse={fuse} narrow={narrow}")
 
 
 @pytest.mark.parametrize("bin_size,play", [(16, 16), (17, 16), (16, 8), (16, 0)])
