@@ -237,7 +237,8 @@ if _HAVE_TRITON:
         # candidates above it go to W (from slot above), those in it stay in P (compacted in
         # place), the rest lose. One pass over P; returns the finish's (above, m).
         oc = _narrow_ctrs(z_row, ZN, HB)
-        pure = (tl.load(oc) & tl.load(oc + 1)) == 0
+        sk = tl.load(oc)  # (a pure tie: its one score key)
+        pure = (sk & tl.load(oc + 1)) == 0
         shv, mv = _id_digit(oc, HB)
         need = nsel - above
         NB: tl.constexpr = 1 << HB
@@ -251,8 +252,7 @@ if _HAVE_TRITON:
             p_row = p_ptr + row * (2 * N)
             base = above
             pb = need * 0
-            # a pure tie's score bits follow from its one key (oc), but for NaN (payloads differ)
-            sk = tl.load(oc)
+            # a pure tie's score bits follow from its one key, but for NaN (payloads differ)
             gather = (pure == 0) | (sk == -2147483647)
             bk = tl.where(sk >= 0, sk, sk ^ 0x7FFFFFFF)
             j = tl.arange(0, CH)
@@ -316,7 +316,7 @@ if _HAVE_TRITON:
         # highest bins take one count each, again on the rest while those held an eighth of it
         z_row = z_ptr + row * ZS
         rest = valid
-        go = tl.sum(ones, 0) > 0  # (True, as a scalar tensor: the loop reassigns it)
+        go = tl.full((), 1, tl.int1)  # (a scalar tensor: the loop reassigns it)
         r = 0
         while go:
             lo, hi = tl.reduce((tl.where(rest, d, 1 << HB), tl.where(rest, d, -1)), 0, _min_max)
@@ -331,7 +331,7 @@ if _HAVE_TRITON:
         tl.atomic_add(z_row + d, ones, mask=rest, sem="relaxed")
         if ZN > 0:  # the bits in which the row's valid id keys differ (the narrowing's id digit)
             v = 2147483647 - i
-            oc = _narrow_ctrs(z_ptr + row * ZS, ZN, HB)
+            oc = _narrow_ctrs(z_row, ZN, HB)
             tl.atomic_or(oc + 2, tl.reduce(tl.where(valid, v, 0), 0, _or), sem="relaxed")
             tl.atomic_or(oc + 3, tl.reduce(tl.where(valid, ~v, 0), 0, _or), sem="relaxed")
 

@@ -529,10 +529,9 @@ def narrow_model(scores: torch.Tensor, ids: torch.Tensor, k: int, hb: int = 12) 
     need = nsel - above
     pure = len({keys[j] for j in play}) == 1
     vs = [0x7FFFFFFF - ident[j] for j in valid]
-    diff = 0
+    diff = 0  # the bits in which some valid id key differs from the first
     for a in vs:
-        for b in vs[:1]:
-            diff |= a ^ b
+        diff |= a ^ vs[0]
     top = diff.bit_length()
     w = min(top, hb)
     if pure:
