@@ -24,7 +24,9 @@ from tpflare.ops import radix, select_kernel as sk, select_staged as st  # noqa:
 
 
 def staged_prefix(scores, ids, k, stop: int, play=None):
-    """The staged path's launches up to stage ``stop`` (0 memset .. 4 ordering), as staged_select."""
+    """The staged path's launches up to stage ``stop`` (0 memset .. 4 ordering), as staged_select
+    (stage 3, the finish: the walk kernel, where rows of more than ``SPREAD_MIN`` spread it, and the
+    finish kernel)."""
     q, n = scores.shape
     kb = max(2, st.next_pow2(k))
     n_sm = sk._num_sms(0)
@@ -43,11 +45,16 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
                           ZN=fin["ZN"], num_warps=nw_a)
     if stop == 1:
         return z
+    spread = n > st.SPREAD_MIN
     st._compact_kernel[grid](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                             CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin)
+                             CA=ca, FUSED=fuse, BINNED=binned, SPREAD=spread, num_warps=fw if fuse else nw_a, **fin)
+    if stop >= 3 and spread:
+        p2 = torch.empty_like(pl)
+        st._walk_kernel[(q, -(-n // st.WALK_CHUNK))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, k, scores.stride(0),
+                                                     ids.stride(0), pr, WCH=st.WALK_CHUNK, num_warps=fw, **fin)
     if stop >= 3 and not fuse:
         st._finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                                num_warps=fw, **fin)
+                                SPREAD=spread, num_warps=fw, **fin)
     if stop >= 4:
         out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
         out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)

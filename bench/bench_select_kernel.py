@@ -157,7 +157,11 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
                  staged_cols1024=dict(path="staged", staged=dict(rank_cols=1024)),
                  staged_rows16=dict(path="staged", staged=dict(rank_rows=16)),
                  # a cutoff bin beyond the finish's registers walked by the finish whole (no narrowing)
-                 staged_nonarrow=dict(path="staged", staged=dict(narrow=False)))
+                 staged_nonarrow=dict(path="staged", staged=dict(narrow=False)),
+                 # that walk in the finish's one program, or spread over the row's programs (the
+                 # default beyond select_staged.SPREAD_MIN)
+                 staged_nospread=dict(path="staged", staged=dict(spread=False)),
+                 staged_spread=dict(path="staged", staged=dict(spread=True)))
     if q >= 64:  # row kernel tiles: registers with 8 warps, or chunks re-read with 4 / 8 warps
         v.update(row_w8=dict(num_warps=8), row_w32=dict(num_warps=32), row_c4=dict(resident=False, num_warps=4, chunk=1024),
                  row_c8=dict(resident=False, num_warps=8, chunk=2048))

@@ -597,7 +597,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
     tile = select_staged.rank_tile(q, kb, n_sm, True) if order == "rank" else ()
     tiers = select_staged.finish_tiers(*select_staged.rank_layout(q, kb))
-    return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm) + tiers
+    spread = (n > select_staged.SPREAD_MIN,)  # (the narrowing walk's own kernel: staged_select's spread)
+    return (path, kb, order) + tile + select_staged.plan(q, n, kb, n_sm) + spread + tiers
 
 
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,

@@ -80,7 +80,9 @@ FIN_TIERS = (1024, 4096)  # in-play candidates the finish holds in registers (th
 # rank_layout). H200, N = 16384, a quarter of the row tied: ranking 4096 beat the finish at one
 # row, 2048 at two, neither at four (docs/benchmarks_select_kernel.md)
 RANK_PLAY = 4096
-NARROW_CTRS = 8  # int32 counters after the narrowing's two histograms (4 used: _narrow_ctrs)
+NARROW_CTRS = 8  # int32 counters after the narrowing's two histograms (7 used: _narrow_ctrs, _walk_kernel)
+SPREAD_MIN = 16384  # rows of more candidates walk a narrowed cutoff bin over their programs (staged_select)
+WALK_CHUNK = 4096  # slots of P a program of the walk kernel walks
 
 
 def next_pow2(x: int) -> int:
@@ -228,23 +230,54 @@ if _HAVE_TRITON:
         tl.atomic_or(oc, tl.reduce(tl.where(cut, s, 0), 0, _or), sem="relaxed")
         tl.atomic_or(oc + 1, tl.reduce(tl.where(cut, ~s, 0), 0, _or), sem="relaxed")
 
-    @triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
-    def _narrow_play(sc_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, z_row, row, N, s_sq, nsel, above, m,
-                     KB: tl.constexpr, CH: tl.constexpr, ZN: tl.constexpr, HB: tl.constexpr):
-        # one program, before the finish of a cutoff bin of m > FR2 candidates: the narrowing
-        # histograms (of the second score digit, or, where every in-play candidate has one
-        # score key, of the id key's top digit) give the digit holding the last winner: the
-        # candidates above it go to W (from slot above), those in it stay in P (compacted in
-        # place), the rest lose. One pass over P; returns the finish's (above, m).
+    @triton.jit
+    def _narrow_digit(z_row, need, ZN: tl.constexpr, HB: tl.constexpr):
+        # from the narrowing's histograms (of the second score digit, or, where every in-play
+        # candidate has one score key, of the id key's top digit): the digit dd holding the
+        # last winner, the candidates above it and in it, whether all of those are wanted, and
+        # what a walk over P needs (pure tie, id digit, the tie's score bits unless NaN)
         oc = _narrow_ctrs(z_row, ZN, HB)
         sk = tl.load(oc)  # (a pure tie: its one score key)
         pure = (sk & tl.load(oc + 1)) == 0
         shv, mv = _id_digit(oc, HB)
-        need = nsel - above
         NB: tl.constexpr = 1 << HB
         h = tl.load(z_row + ZN + pure.to(tl.int32) * NB + tl.arange(0, NB))
         dd, above_d, cnt = pick_digit(h, need, NB)
         take = (need - above_d) == cnt  # every candidate of the digit wanted: no finish
+        # a pure tie's score bits follow from its one key, but for NaN (payloads differ)
+        gather = (pure == 0) | (sk == -2147483647)
+        bk = tl.where(sk >= 0, sk, sk ^ 0x7FFFFFFF)
+        return pure, shv, mv, dd, above_d, cnt, take, gather, bk
+
+    @triton.jit
+    def _walk_chunk(sc_row, o, i, j, m, pure, shv, mv, dd, take, gather, bk, HB: tl.constexpr):
+        # the candidates at slots j of P (positions o, ids i): winners (above the digit dd, or
+        # in it when all of it is wanted) and kept (in it), their score bits and keys, and one
+        # inclusive scan of both counts (winners in the low 16 bits, kept in the high)
+        mj = j < m
+        b = tl.load(sc_row + o, mask=mj & (j * 0 + pure.to(tl.int32) == 0), other=0.0).to(tl.int32, bitcast=True)
+        s = score_key(b, i)
+        v = 2147483647 - i
+        sd, vd = _play_digits(s, v, shv, mv, HB)
+        d = tl.where(pure, vd, sd)
+        take_t = (j * 0 + take.to(tl.int32)) != 0  # (tensor masks: a scalar bool in a mask trips the interpreter)
+        win = mj & ((d > dd) | (take_t & (d == dd)))
+        if pure:  # the winners' score bits
+            b = tl.where(gather, tl.load(sc_row + o, mask=win & (j * 0 + gather.to(tl.int32) != 0),
+                                         other=0.0).to(tl.int32, bitcast=True), bk)
+            s = score_key(b, i)
+        keep = mj & (d == dd) & (take_t == 0)
+        x = tl.cumsum(win.to(tl.int32) + (keep.to(tl.int32) << 16), 0)
+        return win, keep, b, s, v, x
+
+    @triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
+    def _narrow_play(sc_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, z_row, row, N, s_sq, nsel, above, m,
+                     KB: tl.constexpr, CH: tl.constexpr, ZN: tl.constexpr, HB: tl.constexpr):
+        # one program, before the finish of a cutoff bin of m > FR2 candidates: the candidates
+        # above the narrowing digit go to W (from slot above), those in it stay in P (compacted
+        # in place), the rest lose. One walk over P; returns the finish's (above, m).
+        need = nsel - above
+        pure, shv, mv, dd, above_d, cnt, take, gather, bk = _narrow_digit(z_row, need, ZN, HB)
         above2 = above
         m2 = m
         if cnt < m:
@@ -252,32 +285,15 @@ if _HAVE_TRITON:
             p_row = p_ptr + row * (2 * N)
             base = above
             pb = need * 0
-            # a pure tie's score bits follow from its one key, but for NaN (payloads differ)
-            gather = (pure == 0) | (sk == -2147483647)
-            bk = tl.where(sk >= 0, sk, sk ^ 0x7FFFFFFF)
             j = tl.arange(0, CH)
             o = tl.load(p_row + j, mask=j < m, other=0, cache_modifier=".cg")  # P: written by other programs
             i = tl.load(p_row + N + j, mask=j < m, other=0, cache_modifier=".cg")
             for c0 in range(0, m, CH):
                 j = c0 + tl.arange(0, CH)
-                mj = j < m
                 # the next chunk's reads, in flight meanwhile (this chunk writes below c0 + CH only)
                 o_n = tl.load(p_row + j + CH, mask=j + CH < m, other=0, cache_modifier=".cg")
                 i_n = tl.load(p_row + N + j + CH, mask=j + CH < m, other=0, cache_modifier=".cg")
-                b = tl.load(sc_row + o, mask=mj & (j * 0 + pure.to(tl.int32) == 0), other=0.0).to(tl.int32, bitcast=True)
-                s = score_key(b, i)
-                v = 2147483647 - i
-                sd, vd = _play_digits(s, v, shv, mv, HB)
-                d = tl.where(pure, vd, sd)
-                take_t = (j * 0 + take.to(tl.int32)) != 0  # (tensor masks: a scalar bool in a mask trips the interpreter)
-                win = mj & ((d > dd) | (take_t & (d == dd)))
-                if pure:  # the winners' score bits
-                    b = tl.where(gather, tl.load(sc_row + o, mask=win & (j * 0 + gather.to(tl.int32) != 0),
-                                                 other=0.0).to(tl.int32, bitcast=True), bk)
-                    s = score_key(b, i)
-                keep = mj & (d == dd) & (take_t == 0)
-                # one scan for both lists: winners counted in the low 16 bits, kept in the high
-                x = tl.cumsum(win.to(tl.int32) + (keep.to(tl.int32) << 16), 0)
+                win, keep, b, s, v, x = _walk_chunk(sc_row, o, i, j, m, pure, shv, mv, dd, take, gather, bk, HB)
                 put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, base + (x & 0xFFFF) - 1, win, s,
                             v, b, o)
                 slot = pb + (x >> 16) - 1  # <= j: a chunk is read before it is written
@@ -292,6 +308,52 @@ if _HAVE_TRITON:
             above2 = base
             m2 = pb
         return above2, m2
+
+    @generic_jit
+    def _walk_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, p2_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
+                     HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
+                     FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr, WCH: tl.constexpr):
+        # grid (Q, S), the narrowing spread over the row's programs (``spread``): each walks WCH
+        # slots of P, its winners to W and its kept candidates to P2 (slots from one atomic
+        # each a chunk); the last program of the row (a CTA barrier, then one gpu-scope acq_rel
+        # ticket; nobody waits) runs the finish on P2. Rows the compact kernel did not count
+        # for narrowing (a cutoff bin ranked, taken whole, or within the finish's registers)
+        # return at once: their finish runs where it did.
+        row = tl.program_id(0).to(tl.int64)
+        z_row = z_ptr + row * ZS
+        h, nsel, dstar, above, m = _cutoff(z_row, K, HB)
+        need = nsel - above
+        if (need < m) & (m > play_max) & (m > FR2):
+            oc = _narrow_ctrs(z_row, ZN, HB)
+            pure, shv, mv, dd, above_d, cnt, take, gather, bk = _narrow_digit(z_row, need, ZN, HB)
+            if cnt < m:
+                sc_row = sc_ptr + row * s_sq
+                p_row = p_ptr + row * (2 * N)
+                q_row = p2_ptr + row * (2 * N)
+                lim = tl.minimum(m, (tl.program_id(1) + 1) * WCH)  # this program's slots of P end here
+                for c0 in range(tl.program_id(1) * WCH, lim, CH):
+                    j = c0 + tl.arange(0, CH)
+                    o = tl.load(p_row + j, mask=j < lim, other=0, cache_modifier=".cg")  # written by the compact kernel
+                    i = tl.load(p_row + N + j, mask=j < lim, other=0, cache_modifier=".cg")
+                    win, keep, b, s, v, x = _walk_chunk(sc_row, o, i, j, lim, pure, shv, mv, dd, take, gather, bk, HB)
+                    t = tl.max(x, 0)
+                    if (t & 0xFFFF) > 0:
+                        wb = above + tl.atomic_add(oc + 4, t & 0xFFFF, sem="relaxed")
+                        put_winners(wk_ptr + row * KB, wv_ptr + row * KB, wo_ptr + row * KB, wb + (x & 0xFFFF) - 1,
+                                    win, s, v, b, o)
+                    if (t >> 16) > 0:
+                        slot = tl.atomic_add(oc + 5, t >> 16, sem="relaxed") + (x >> 16) - 1
+                        tl.store(q_row + slot, o, mask=keep)
+                        tl.store(q_row + N + slot, i, mask=keep)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(oc + 6, 1, sem="acq_rel", scope="gpu")
+                if ticket == tl.num_programs(1) - 1:
+                    a2 = above + above_d + tl.where(take, cnt, 0)
+                    finish_row(sc_ptr, id_ptr, p2_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, a2,
+                               tl.where(take, 0, cnt), KB, D, CH, FR1, FR2, 0, True)
+            elif tl.program_id(1) == 0:  # one digit holds the whole bin: the finish on P as it is
+                finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
+                           KB, D, CH, FR1, FR2, 0, True)
 
     @triton.jit
     def _cutoff(z_row, K, HB: tl.constexpr):
@@ -339,7 +401,7 @@ if _HAVE_TRITON:
     def _compact_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
                         CA: tl.constexpr, HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr,
                         FUSED: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr,
-                        FR2: tl.constexpr, BINNED: tl.constexpr, ZN: tl.constexpr):
+                        FR2: tl.constexpr, BINNED: tl.constexpr, ZN: tl.constexpr, SPREAD: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
         NB: tl.constexpr = 1 << HB
@@ -398,7 +460,8 @@ if _HAVE_TRITON:
                 # program's P and W writes visible to it; nobody waits, so nothing can hang
                 tl.debug_barrier()
                 ticket = tl.atomic_add(z_row + NB + Z_TICKET, 1, sem="acq_rel", scope="gpu")
-                if ticket == tl.num_programs(1) - 1:
+                # (spread: the walk kernel finishes a row counted for narrowing)
+                if (ticket == tl.num_programs(1) - 1) & ((SPREAD == 0) | (m <= FR2)):
                     # the cutoff scan above holds for the whole row: the finish reuses it
                     if ZN > 0:
                         if m > FR2:
@@ -410,11 +473,13 @@ if _HAVE_TRITON:
     @generic_jit
     def _finish_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
                        HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                       FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr):
+                       FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr, SPREAD: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
         h, nsel, dstar, above, m = _cutoff(z_row, K, HB)
-        if (nsel - above >= m) | (m > play_max):  # (else the rank kernel ranks the cutoff bin whole)
+        # (else the rank kernel ranks the cutoff bin whole; spread: the walk kernel finishes a
+        # row counted for narrowing)
+        if ((nsel - above >= m) | (m > play_max)) & ((SPREAD == 0) | (nsel - above >= m) | (m <= FR2)):
             if ZN > 0:
                 if (nsel - above < m) & (m > FR2):  # (as the compact kernel decided: its histograms)
                     above, m = _narrow_play(sc_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, z_row, row, N, s_sq, nsel, above,
@@ -425,7 +490,8 @@ if _HAVE_TRITON:
 
 def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor, out_sc: torch.Tensor,
                   n_sm: int, *, ca=None, fin_chunk=None, fin_warps=None, fin_resident=None, rank_rows=None,
-                  order=None, fuse=None, radix_bits: int = 5, rank_play=None, rank_cols=None, narrow: bool = True):
+                  order=None, fuse=None, radix_bits: int = 5, rank_play=None, rank_cols=None, narrow: bool = True,
+                  spread=None, walk_chunk=None):
     """Fill ``out_ids``/``out_sc`` ``[Q, k]`` with the ordered top ``k`` of each row.
 
     Inputs are validated by the caller (``select_kernel.triton_ordered_select``): fp32
@@ -435,7 +501,10 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     ``radix_bits``; ``order``: ``radix.order_winners``; ``rank_rows`` and ``rank_cols``: the
     rank kernel's tile (default ``rank_tile``); ``rank_play``: ``rank_layout``; ``narrow``
     (default on): a cutoff bin of more candidates than the finish's registers hold is first
-    narrowed by one more digit (module docstring, step 3).
+    narrowed by one more digit (module docstring, step 3); ``spread`` (default: rows of more
+    than ``SPREAD_MIN``): that walk runs in a kernel of its own, over the row's programs, and
+    its last program finishes the row (one more launch for every row); ``walk_chunk``: slots of
+    P a program of that walk takes (default ``WALK_CHUNK``).
     """
     from .radix import order_winners, winner_workspace
 
@@ -455,6 +524,10 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     fr1, fr2 = finish_tiers(binned, pr, fr2)
     wb, zs, span = workspace_layout(k, n, binned, pr, bool(narrow))
     zn = narrow_offset(binned) if narrow else 0
+    spread = bool(narrow) and (n > SPREAD_MIN if spread is None else bool(spread))
+    wch = WALK_CHUNK if walk_chunk is None else int(walk_chunk)
+    if wch < 16 or wch & (wch - 1):
+        raise ValueError(f"walk_chunk must be a power of two >= 16, got {walk_chunk}")
     nw_a = max(1, min(8, ca // 256))
     ch = 2048 if fin_chunk is None else int(fin_chunk)
     if not 16 <= ch <= 32768 or ch & (ch - 1):  # (the narrowing counts a chunk's two lists in 16-bit halves)
@@ -462,15 +535,21 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     dev = scores.device
     z = torch.zeros((q, zs), dtype=torch.int32, device=dev)
     wk, wv, wo, cnt, pl = winner_workspace(q, wb, play_slots(n), dev)
+    # (spread: the walk's kept candidates, laid out as P)
+    p2 = torch.empty((q * play_slots(n),), dtype=torch.int32, device=dev) if spread else pl
     grid_a = (q, -(-n // ca))
     fin = dict(HB=HIST_BITS, ZS=zs, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2, ZN=zn)
+    sp = dict(SPREAD=spread)
     _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs, ZN=zn,
                          num_warps=nw_a)
     _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                            CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin)
+                            CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin, **sp)
+    if spread:
+        _walk_kernel[(q, -(-n // wch))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, k, scores.stride(0),
+                                        ids.stride(0), pr, WCH=wch, num_warps=fw, **fin)
     if not fuse:
         _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                             num_warps=fw, **fin)
+                             num_warps=fw, **fin, **sp)
     sl, jb = rank_tile(q, kb, n_sm, binned, rank_rows)  # (from the winners, not W's stride)
     if rank_cols is not None:
         jb = int(rank_cols)

@@ -594,10 +594,13 @@ def test_staged_narrowing(case, fuse):
         model = narrow_model(scores[r], ids[r], k)
         assert NARROW_CASES[case](model), f"{case} row {r}: {model}"
     ref = ref_python(scores, ids, k)
-    for narrow in (True, False):  # (False: the finish walks the whole bin, as before the narrowing)
+    # narrow False: the finish walks the whole bin, as before the narrowing; spread: the walk
+    # over the row's programs (256 slots of P each, in chunks of 64: several programs a row, some
+    # past the bin)
+    for opts in (dict(narrow=True, spread=False), dict(narrow=False), dict(spread=True, walk_chunk=256, fin_chunk=64)):
         got = run_kernel(scores, ids, k, path="staged", order="rank",
-                         staged=dict(fin_resident=64, fuse=fuse, rank_play=0, narrow=narrow))
-        check_equal(got, ref, f"{case} fuse={fuse} narrow={narrow}")
+                         staged=dict(fin_resident=64, fuse=fuse, rank_play=0, **opts))
+        check_equal(got, ref, f"{case} fuse={fuse} {opts}")
 
 
 @pytest.mark.parametrize("bin_size,play", [(16, 16), (17, 16), (16, 8), (16, 0)])
@@ -718,6 +721,7 @@ def _kernels():
     from tpflare.ops import radix, select_staged
 
     return [sk._row_kernel, select_staged._hist_kernel, select_staged._compact_kernel, select_staged._finish_kernel,
+            select_staged._walk_kernel,
             radix._rank_kernel, radix._decode_runs_kernel, radix.bucket_kernel]
 
 
@@ -728,6 +732,8 @@ def _compiled_variants() -> int:
 # shapes that share a launch plan: (Q, N, k, row stride); the first one compiles
 GENERIC = {"staged, fused, rank": [(1, 16384, 2048, 16384), (2, 12000, 1500, 12000), (3, 9001, 2048, 9001),
                                    (1, 16384, 2048, 20000)],
+           # rows beyond select_staged.SPREAD_MIN: the narrowing walk's kernel too
+           "staged, fused, rank, spread": [(1, 32768, 2048, 32768), (2, 20000, 2048, 20000), (1, 16385, 1500, 16400)],
            # Q of every residue mod 4 (the workspace's parts must stay 16-byte aligned for all)
            "row, registers, sort": [(20, 9000, 2048, 9000), (33, 12001, 2048, 12001), (100, 16384, 1025, 16384),
                                     (22, 10000, 2048, 10000), (35, 16000, 2048, 16000)],

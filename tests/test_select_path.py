@@ -28,6 +28,7 @@ def test_launch_plans_are_shape_generic():
     assert sk.launch_plan(100, 16385, 2048) != sk.launch_plan(100, 8192, 2048)  # (not at 4097..8192)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(4, 16384, 2048)  # fused finish up to 3 rows
     assert sk.launch_plan(8, 40000, 2048) != sk.launch_plan(4, 40000, 2048)  # the staged path up to 4 rows
+    assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(1, 16385, 2048)  # the walk's kernel beyond SPREAD_MIN
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4097, 2048)  # register tiles 4096 / 16384
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4096, 1024)
 

@@ -40,7 +40,7 @@ from tpflare.ops import radix as rx  # noqa: E402
 from tpflare.ops import select_kernel as sk  # noqa: E402
 from tpflare.ops import select_staged as st  # noqa: E402
 
-_TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", wk_ptr="*i64", wv_ptr="*i32",
+_TYPES = dict(sc_ptr="*fp32", id_ptr="*i32", z_ptr="*i32", p_ptr="*i32", p2_ptr="*i32", wk_ptr="*i64", wv_ptr="*i32",
               wo_ptr="*i32", cnt_ptr="*i32", sb_ptr="*i32", hit_ptr="*i32", oid_ptr="*i32", osc_ptr="*fp32", key_ptr="*i64", pos_ptr="*i64",
               N="i32", K="i32", play_max="i32", s_sq="i32", s_iq="i32", s_oi="i32", s_os="i32")
 _WB, _ZSB, _ = st.workspace_layout(2048, 16384, True, st.RANK_PLAY)  # the binned W of k = 2048
@@ -50,10 +50,11 @@ _RF1, _RF2 = st.finish_tiers(False, 0)  # the row kernel's
 _FIN = dict(HB=st.HIST_BITS, ZS=_ZSB, KB=_WB, D=5, CH=2048, FR1=_FR1, FR2=_FR2, ZN=st.narrow_offset(True))
 KERNELS = {
     "staged hist": (st._hist_kernel, dict(CA=512, HB=st.HIST_BITS, ZS=_FIN["ZS"], ZN=_FIN["ZN"]), 2),
-    "staged compact+finish (fused)": (st._compact_kernel, dict(CA=512, FUSED=True, BINNED=True, **_FIN), 8),
-    "staged compact": (st._compact_kernel, dict(CA=4096, FUSED=False, BINNED=False,
+    "staged compact+finish (fused)": (st._compact_kernel, dict(CA=512, FUSED=True, BINNED=True, SPREAD=False, **_FIN), 8),
+    "staged compact": (st._compact_kernel, dict(CA=4096, FUSED=False, BINNED=False, SPREAD=True,
                                                 **dict(_FIN, KB=_W, ZS=_ZS, ZN=st.narrow_offset(False))), 8),
-    "staged finish": (st._finish_kernel, _FIN, 8),
+    "staged finish": (st._finish_kernel, dict(_FIN, SPREAD=False), 8),
+    "staged walk": (st._walk_kernel, dict(_FIN, WCH=st.WALK_CHUNK), 16),
     "rank": (rx._rank_kernel, dict(KB=_WB, SL=8, JB=256, BINNED=True, ZS=_ZSB, HB=st.HIST_BITS), 4),
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
     "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
