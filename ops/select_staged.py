@@ -80,7 +80,7 @@ FIN_TIERS = (1024, 4096)  # in-play candidates the finish holds in registers (th
 # rank_layout). H200, N = 16384, a quarter of the row tied: ranking 4096 beat the finish at one
 # row, 2048 at two, neither at four (docs/benchmarks_select_kernel.md)
 RANK_PLAY = 4096
-NARROW_CTRS = 8  # int32 counters after the narrowing's two histograms (7 used: _narrow_ctrs, _walk_kernel)
+NARROW_CTRS = 8  # int32 counters after the narrowing's two histograms (_narrow_ctrs, _walk_kernel)
 SPREAD_MIN = 16384  # rows of more candidates walk a narrowed cutoff bin over their programs (staged_select)
 WALK_CHUNK = 4096  # slots of P a program of the walk kernel walks
 
@@ -194,7 +194,8 @@ if _HAVE_TRITON:
     @triton.jit
     def _narrow_ctrs(z_row, ZN: tl.constexpr, HB: tl.constexpr):
         # the narrowing's counters: OR of the in-play score keys, OR of their complements (every
-        # in-play key equal: no bit in both), the same two of the row's valid id keys
+        # in-play key equal: no bit in both), the same two of the row's valid id keys; then
+        # _walk_kernel's: W slots, P2 slots, its ticket, the gate (the cutoff bin's size)
         return z_row + ZN + (2 << HB)
 
     @triton.jit
@@ -312,19 +313,29 @@ if _HAVE_TRITON:
     @generic_jit
     def _walk_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, p2_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
                      HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                     FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr, WCH: tl.constexpr):
+                     FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr, WCH: tl.constexpr,
+                     GATED: tl.constexpr):
         # grid (Q, S), the narrowing spread over the row's programs (``spread``): each walks WCH
         # slots of P, its winners to W and its kept candidates to P2 (slots from one atomic
         # each a chunk); the last program of the row (a CTA barrier, then one gpu-scope acq_rel
         # ticket; nobody waits) runs the finish on P2. Rows the compact kernel did not count
         # for narrowing (a cutoff bin ranked, taken whole, or within the finish's registers)
-        # return at once: their finish runs where it did.
+        # return at once: their finish runs where it did. GATED (a fused compact kernel): its
+        # last program of the row left the cutoff bin's size in counter 7 where the walk is
+        # needed (else 0), so a program reads three words, not the row's histogram
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
-        h, nsel, dstar, above, m = _cutoff(z_row, K, HB)
+        oc = _narrow_ctrs(z_row, ZN, HB)
+        if GATED:
+            m = tl.load(oc + 7)
+            nsel = tl.load(cnt_ptr + row)
+            above = tl.load(z_row + (1 << HB) + Z_ABOVE)
+            go = m > 0
+        else:
+            h, nsel, dstar, above, m = _cutoff(z_row, K, HB)
+            go = (nsel - above < m) & (m > play_max) & (m > FR2)
         need = nsel - above
-        if (need < m) & (m > play_max) & (m > FR2):
-            oc = _narrow_ctrs(z_row, ZN, HB)
+        if go:
             pure, shv, mv, dd, above_d, cnt, take, gather, bk = _narrow_digit(z_row, need, ZN, HB)
             if cnt < m:
                 sc_row = sc_ptr + row * s_sq
@@ -460,7 +471,11 @@ if _HAVE_TRITON:
                 # program's P and W writes visible to it; nobody waits, so nothing can hang
                 tl.debug_barrier()
                 ticket = tl.atomic_add(z_row + NB + Z_TICKET, 1, sem="acq_rel", scope="gpu")
-                # (spread: the walk kernel finishes a row counted for narrowing)
+                # (spread: the walk kernel finishes a row counted for narrowing; this program
+                # leaves it the cutoff bin's size, _walk_kernel's GATED)
+                if SPREAD:
+                    if (ticket == tl.num_programs(1) - 1) & (m > FR2):
+                        tl.store(_narrow_ctrs(z_row, ZN, HB) + 7, m)
                 if (ticket == tl.num_programs(1) - 1) & ((SPREAD == 0) | (m <= FR2)):
                     # the cutoff scan above holds for the whole row: the finish reuses it
                     if ZN > 0:
@@ -546,7 +561,7 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
                             CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin, **sp)
     if spread:
         _walk_kernel[(q, -(-n // wch))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, k, scores.stride(0),
-                                        ids.stride(0), pr, WCH=wch, num_warps=fw, **fin)
+                                        ids.stride(0), pr, WCH=wch, GATED=fuse, num_warps=fw, **fin)
     if not fuse:
         _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                              num_warps=fw, **fin, **sp)
