@@ -1,0 +1,103 @@
+"""Compile the selection kernels of one or more calls at once (a plan's first call, ``precompile``).
+
+A call of ``select_kernel.triton_ordered_select`` launches one to four Triton kernels (the
+staged path: histogram, compact, the narrowing walk, the ordering), and the first call of a
+launch plan compiles each of them in turn, in the calling thread. Every launch of those modules
+goes through ``launch``. ``compile_in_parallel(calls)`` runs each call once with its launches
+collected instead of launched (the host code runs, nothing reaches the GPU but the workspace's
+allocations), then hands every collected kernel to Triton's ``warmup`` (compile, no launch)
+inside Triton's ``AsyncCompileMode`` with a pool of threads, and waits for them all. Triton
+releases the GIL in parts of its pipeline (LLVM's code generation; ptxas is a subprocess), so
+the compiles overlap; the calls that follow find every kernel compiled.
+
+Nothing here is needed for correctness: where this Triton has no ``AsyncCompileMode``, inside
+a CUDA-graph capture, or when a warm-up fails (logged on ``tpflare.select_compile``), the
+calls compile as they launch, as before.
+"""
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable
+
+log = logging.getLogger("tpflare.select_compile")
+
+__all__ = ["launch", "collecting", "collect", "async_compile_mode", "compile_in_parallel"]
+
+MAX_THREADS = 16  # compile threads at most (one a kernel, up to the machine's CPUs)
+
+_collect: contextvars.ContextVar = contextvars.ContextVar("tpflare_select_collect", default=None)
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, or, inside ``collect``, record the launch instead."""
+    pending = _collect.get()
+    if pending is not None:
+        pending.append((kernel, grid, args, kwargs))
+        return
+    kernel[grid](*args, **kwargs)
+
+
+def collecting() -> bool:
+    """Whether launches are being collected (a call inside ``collect``)."""
+    return _collect.get() is not None
+
+
+def _as_warmup_arg(a):
+    # a tensor as Triton's specialisation sees it: its dtype (``warmup`` takes a torch dtype for a
+    # tensor whose data pointer is 16-byte aligned), so no collected launch keeps memory alive; a
+    # tensor off that alignment stays itself (it specialises otherwise)
+    if hasattr(a, "data_ptr") and hasattr(a, "dtype") and a.data_ptr() % 16 == 0:
+        return a.dtype
+    return a
+
+
+def collect(call: Callable[[], object]) -> list:
+    """The launches ``call()`` makes, as ``(kernel, grid, args, kwargs)``, none of them launched;
+    tensors given as their dtypes where ``warmup`` specialises them alike (``_as_warmup_arg``)."""
+    token = _collect.set([])
+    try:
+        call()
+        return [(kernel, grid, tuple(_as_warmup_arg(a) for a in args), kwargs)
+                for kernel, grid, args, kwargs in _collect.get()]
+    finally:
+        _collect.reset(token)
+
+
+def async_compile_mode():
+    """Triton's ``AsyncCompileMode`` class where this Triton has it (3.5 and later), else None."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except Exception:  # older Triton, or none
+        return None
+    return AsyncCompileMode
+
+
+def compile_in_parallel(calls: Iterable[Callable[[], object]], threads: int | None = None) -> int:
+    """Compile every kernel the ``calls`` launch, at once; return how many launches were warmed
+    (0 where nothing was: no ``AsyncCompileMode``, or a failure, logged; the calls then compile
+    as they launch). Kernels compiled already are found in Triton's cache and cost nothing."""
+    mode = async_compile_mode()
+    if mode is None:
+        log.debug("tpflare.select_compile: this Triton has no AsyncCompileMode; kernels compile as they launch")
+        return 0
+    t0 = time.perf_counter()
+    try:
+        launches = [one for call in calls for one in collect(call)]
+        if not launches:
+            return 0
+        workers = threads or max(1, min(len(launches), os.cpu_count() or 1, MAX_THREADS))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tpflare-compile") as pool:
+            with mode(pool):
+                for kernel, grid, args, kwargs in launches:
+                    kernel.warmup(*args, grid=grid, **kwargs)
+    except Exception as e:  # the real launches compile (and raise) as they would have
+        log.warning("tpflare.select_compile: parallel compile failed (%s: %s); kernels compile as they launch",
+                    type(e).__name__, str(e)[:300])
+        return 0
+    log.info("tpflare.select_compile: %d launches warmed in %.2f s (%d threads)", len(launches),
+             time.perf_counter() - t0, workers)
+    return len(launches)

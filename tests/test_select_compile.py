@@ -1,0 +1,132 @@
+"""ops/select_compile.py on the CPU: launches collected (never launched), tensors handed to
+``warmup`` as their dtypes where they specialise alike, every collected launch warmed inside
+Triton's own ``AsyncCompileMode`` with a thread pool, and the fallbacks (no such mode, a failed
+warm-up) leaving the calls to compile as they launch. Stand-in kernels record what they get; the
+real kernels' parallel compile runs on the GPU machine (tests/test_select_kernel_gpu.py,
+``test_parallel_compile_compiles_what_the_call_launches``)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from tpflare.ops import select_compile as sc
+
+
+class FakeKernel:
+    """Records launches (``kernel[grid](...)``) and warm-ups, with whether Triton's async compile
+    mode was active when ``warmup`` ran."""
+
+    def __init__(self, name, fail=False):
+        self.name, self.fail = name, fail
+        self.launched, self.warmed = [], []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launched.append((grid, args, kwargs))
+
+    def warmup(self, *args, grid, **kwargs):
+        from triton.runtime import _async_compile
+
+        if self.fail:
+            raise RuntimeError(f"{self.name}: cannot compile")
+        self.warmed.append((grid, args, kwargs, _async_compile.active_mode.get() is not None))
+
+
+def two_launches(a, b, x):
+    sc.launch(a, (2, 3), x, 7, CA=512, num_warps=4)
+    sc.launch(b, (2,), x[1:], x, K=5)  # x[1:]: 4 bytes past x's start, off the 16-byte alignment
+    return "done"
+
+
+def test_launch_outside_collect_launches():
+    a, b = FakeKernel("a"), FakeKernel("b")
+    x = torch.zeros(8, dtype=torch.int32)
+    assert not sc.collecting()
+    two_launches(a, b, x)
+    assert a.launched == [((2, 3), (x, 7), dict(CA=512, num_warps=4))]
+    assert len(b.launched) == 1 and b.launched[0][0] == (2,)
+
+
+def test_collect_records_and_launches_nothing():
+    a, b = FakeKernel("a"), FakeKernel("b")
+    x = torch.zeros(8, dtype=torch.int32)
+    got = sc.collect(lambda: two_launches(a, b, x))
+    assert not a.launched and not b.launched
+    assert [(k.name, g) for k, g, _, _ in got] == [("a", (2, 3)), ("b", (2,))]
+    (_, _, args_a, kw_a), (_, _, args_b, kw_b) = got
+    assert args_a == (torch.int32, 7) and kw_a == dict(CA=512, num_warps=4)  # aligned tensor: its dtype
+    assert args_b[0] is not None and args_b[0].data_ptr() % 16 == 4  # misaligned: the tensor itself
+    assert args_b[1] == torch.int32 and kw_b == dict(K=5)
+    assert not sc.collecting()
+
+
+def test_collect_resets_after_an_exception():
+    def boom():
+        sc.launch(FakeKernel("a"), (1,), 1)
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        sc.collect(boom)
+    assert not sc.collecting()
+    k = FakeKernel("k")
+    sc.launch(k, (1,), 3)
+    assert k.launched == [((1,), (3,), {})]
+
+
+def test_collect_nests_and_restores():
+    a = FakeKernel("a")
+    inner = []
+
+    def outer():
+        sc.launch(a, (1,), 1)
+        inner.extend(sc.collect(lambda: sc.launch(a, (2,), 2)))
+        sc.launch(a, (3,), 3)
+
+    got = sc.collect(outer)
+    assert [g for _, g, _, _ in got] == [(1,), (3,)] and [g for _, g, _, _ in inner] == [(2,)]
+    assert not a.launched
+
+
+def test_compile_in_parallel_warms_every_launch_in_async_mode():
+    pytest.importorskip("triton")
+    if sc.async_compile_mode() is None:
+        pytest.skip("this Triton has no AsyncCompileMode")
+    a, b, c = FakeKernel("a"), FakeKernel("b"), FakeKernel("c")
+    x = torch.zeros(8, dtype=torch.int32)
+    n = sc.compile_in_parallel([lambda: two_launches(a, b, x), lambda: sc.launch(c, (4,), x, N=9)])
+    assert n == 3
+    assert not a.launched and not b.launched and not c.launched
+    assert [w[:3] for w in a.warmed] == [((2, 3), (torch.int32, 7), dict(CA=512, num_warps=4))]
+    assert c.warmed[0][:3] == ((4,), (torch.int32,), dict(N=9))
+    assert all(w[3] for k in (a, b, c) for w in k.warmed), "warmup ran outside Triton's AsyncCompileMode"
+    from triton.runtime import _async_compile
+
+    assert _async_compile.active_mode.get() is None  # the mode is closed again
+
+
+def test_compile_in_parallel_without_async_mode_does_nothing(monkeypatch):
+    monkeypatch.setattr(sc, "async_compile_mode", lambda: None)
+    a = FakeKernel("a")
+    ran = []
+    assert sc.compile_in_parallel([lambda: ran.append(1) or sc.launch(a, (1,), 1)]) == 0
+    assert not ran and not a.warmed and not a.launched
+
+
+def test_compile_in_parallel_failure_is_logged_not_raised(caplog):
+    pytest.importorskip("triton")
+    if sc.async_compile_mode() is None:
+        pytest.skip("this Triton has no AsyncCompileMode")
+    bad = FakeKernel("bad", fail=True)
+    with caplog.at_level(logging.WARNING, logger="tpflare.select_compile"):
+        assert sc.compile_in_parallel([lambda: sc.launch(bad, (1,), 1)]) == 0
+    assert "parallel compile failed" in caplog.text and "cannot compile" in caplog.text
+    assert not sc.collecting()
+    with caplog.at_level(logging.WARNING, logger="tpflare.select_compile"):  # a call that raises: the same
+        assert sc.compile_in_parallel([lambda: 1 / 0]) == 0
+    assert "ZeroDivisionError" in caplog.text
+
+
+def test_compile_in_parallel_of_no_launches():
+    assert sc.compile_in_parallel([]) == 0
+    assert sc.compile_in_parallel([lambda: None]) == 0
