@@ -50,9 +50,8 @@ def staged_prefix(scores, ids, k, stop: int, play=None):
                              CA=ca, FUSED=fuse, BINNED=binned, SPREAD=spread, num_warps=fw if fuse else nw_a, **fin)
     if stop >= 3 and spread:
         p2 = torch.empty_like(pl)
-        st._walk_kernel[(q, -(-n // st.WALK_CHUNK))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, k, scores.stride(0),
-                                                     ids.stride(0), pr, WCH=st.WALK_CHUNK, GATED=fuse, num_warps=fw,
-                                                     **fin)
+        st._walk_kernel[(q, -(-n // st.WALK_CHUNK))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, scores.stride(0),
+                                                     ids.stride(0), WCH=st.WALK_CHUNK, num_warps=fw, **fin)
     if stop >= 3 and not fuse:
         st._finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                                 SPREAD=spread, num_warps=fw, **fin)

@@ -311,31 +311,25 @@ if _HAVE_TRITON:
         return above2, m2
 
     @generic_jit
-    def _walk_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, p2_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, K, s_sq, s_iq, play_max,
+    def _walk_kernel(sc_ptr, id_ptr, z_ptr, p_ptr, p2_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, N, s_sq, s_iq,
                      HB: tl.constexpr, ZS: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
-                     FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr, WCH: tl.constexpr,
-                     GATED: tl.constexpr):
+                     FR1: tl.constexpr, FR2: tl.constexpr, ZN: tl.constexpr, WCH: tl.constexpr):
         # grid (Q, S), the narrowing spread over the row's programs (``spread``): each walks WCH
         # slots of P, its winners to W and its kept candidates to P2 (slots from one atomic
         # each a chunk); the last program of the row (a CTA barrier, then one gpu-scope acq_rel
         # ticket; nobody waits) runs the finish on P2. Rows the compact kernel did not count
         # for narrowing (a cutoff bin ranked, taken whole, or within the finish's registers)
-        # return at once: their finish runs where it did. GATED (a fused compact kernel): its
-        # last program of the row left the cutoff bin's size in counter 7 where the walk is
-        # needed (else 0), so a program reads three words, not the row's histogram
+        # return at once: their finish runs where it did. The compact kernel's first program of
+        # the row left the cutoff bin's size in counter 7 where the walk is needed (else 0), and
+        # the winners wanted and above it, so a program reads three words, not the histogram.
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * ZS
         oc = _narrow_ctrs(z_row, ZN, HB)
-        if GATED:
-            m = tl.load(oc + 7)
-            nsel = tl.load(cnt_ptr + row)
-            above = tl.load(z_row + (1 << HB) + Z_ABOVE)
-            go = m > 0
-        else:
-            h, nsel, dstar, above, m = _cutoff(z_row, K, HB)
-            go = (nsel - above < m) & (m > play_max) & (m > FR2)
+        m = tl.load(oc + 7)
+        nsel = tl.load(cnt_ptr + row)
+        above = tl.load(z_row + (1 << HB) + Z_ABOVE)
         need = nsel - above
-        if go:
+        if m > 0:
             pure, shv, mv, dd, above_d, cnt, take, gather, bk = _narrow_digit(z_row, need, ZN, HB)
             if cnt < m:
                 sc_row = sc_ptr + row * s_sq
@@ -429,6 +423,8 @@ if _HAVE_TRITON:
             tl.store(z_row + NB + Z_ABOVE, above)
             if BINNED:
                 tl.store(z_bin_firsts(z_row, NB) + tl.arange(0, NB), firsts)
+            if SPREAD:  # the walk kernel's gate: the cutoff bin's size where it walks the row, else 0
+                tl.store(_narrow_ctrs(z_row, ZN, HB) + 7, tl.where((keep == 0) & (m > FR2), m, 0))
         o = tl.program_id(1) * CA + tl.arange(0, CA)
         b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, tl.program_id(1) * CA, N, CA)
         s = score_key(b, i)
@@ -471,11 +467,7 @@ if _HAVE_TRITON:
                 # program's P and W writes visible to it; nobody waits, so nothing can hang
                 tl.debug_barrier()
                 ticket = tl.atomic_add(z_row + NB + Z_TICKET, 1, sem="acq_rel", scope="gpu")
-                # (spread: the walk kernel finishes a row counted for narrowing; this program
-                # leaves it the cutoff bin's size, _walk_kernel's GATED)
-                if SPREAD:
-                    if (ticket == tl.num_programs(1) - 1) & (m > FR2):
-                        tl.store(_narrow_ctrs(z_row, ZN, HB) + 7, m)
+                # (spread: the walk kernel finishes a row counted for narrowing)
                 if (ticket == tl.num_programs(1) - 1) & ((SPREAD == 0) | (m <= FR2)):
                     # the cutoff scan above holds for the whole row: the finish reuses it
                     if ZN > 0:
@@ -560,8 +552,8 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                             CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin, **sp)
     if spread:
-        _walk_kernel[(q, -(-n // wch))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, k, scores.stride(0),
-                                        ids.stride(0), pr, WCH=wch, GATED=fuse, num_warps=fw, **fin)
+        _walk_kernel[(q, -(-n // wch))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, scores.stride(0), ids.stride(0),
+                                        WCH=wch, num_warps=fw, **fin)
     if not fuse:
         _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
                              num_warps=fw, **fin, **sp)

@@ -54,7 +54,7 @@ KERNELS = {
     "staged compact": (st._compact_kernel, dict(CA=4096, FUSED=False, BINNED=False, SPREAD=True,
                                                 **dict(_FIN, KB=_W, ZS=_ZS, ZN=st.narrow_offset(False))), 8),
     "staged finish": (st._finish_kernel, dict(_FIN, SPREAD=False), 8),
-    "staged walk": (st._walk_kernel, dict(_FIN, WCH=st.WALK_CHUNK, GATED=True), 16),
+    "staged walk": (st._walk_kernel, dict(_FIN, WCH=st.WALK_CHUNK), 16),
     "rank": (rx._rank_kernel, dict(KB=_WB, SL=8, JB=256, BINNED=True, ZS=_ZSB, HB=st.HIST_BITS), 4),
     "decode runs": (rx._decode_runs_kernel, dict(KB=2048), 8),
     "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
