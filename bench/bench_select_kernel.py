@@ -239,6 +239,7 @@ _COLD = r"""
 import json, sys, time, torch
 from tpflare.ops import select_kernel as sk
 q, n, k = (int(x) for x in sys.argv[1:4])
+sk.PARALLEL_COMPILE = sys.argv[5] != "serial"  # (--serial-compile: the kernels one after another)
 s = torch.randn(q, n, device="cuda"); i = torch.randperm(n, device="cuda").to(torch.int32).expand(q, n).contiguous()
 if sys.argv[4] == "1":  # a process that ran a Triton kernel already (an Inductor-compiled model)
     import triton, triton.language as tl
@@ -257,6 +258,7 @@ _PRE = r"""
 import json, sys, time, torch
 from tpflare.ops import select_kernel as sk
 caps = [int(x) for x in sys.argv[1].split(",")]; n, k, extra_q, extra_n = (int(x) for x in sys.argv[2:6])
+sk.PARALLEL_COMPILE = sys.argv[6] != "serial"
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 t0 = time.perf_counter(); per = sk.precompile(caps, k=k, n=n); total = time.perf_counter() - t0
 s = torch.randn(extra_q, extra_n, device="cuda")
@@ -294,16 +296,17 @@ def cold(args, save=None) -> dict:
     one process vary by up to 40 % on the H200 host, so take several. ``save(result)`` after
     each shape (a run cut short keeps what it measured)."""
     shapes = [tuple(int(x) for x in c.split("x")) for c in args.cold_shapes.split(",")]
+    mode = "serial" if args.serial_compile else "parallel"
     per = []
-    res = dict(per_shape=per, precompile=None)
+    res = dict(per_shape=per, precompile=None, compile=mode)
     for q, n in shapes:
         with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:
-            r = _run(_COLD, [str(q), str(n), str(args.k), "0"], d)
-            warm = _run(_COLD, [str(q), str(n), str(args.k), "0"], d)
+            r = _run(_COLD, [str(q), str(n), str(args.k), "0", mode], d)
+            warm = _run(_COLD, [str(q), str(n), str(args.k), "0", mode], d)
         after = []
         for _ in range(max(1, args.cold_repeats)):
             with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:  # Triton's driver built by another kernel
-                after.append(_run(_COLD, [str(q), str(n), str(args.k), "1"], d).get("cold_compile_s"))
+                after.append(_run(_COLD, [str(q), str(n), str(args.k), "1", mode], d).get("cold_compile_s"))
         ok = [a for a in after if a is not None]
         r["after_triton_cold_compile_s"] = statistics.median(ok) if ok else None
         r["after_triton_cold_compile_s_all"] = after
@@ -313,7 +316,7 @@ def cold(args, save=None) -> dict:
         if save:
             save(res)
     if args.capacities:
-        res["precompile"] = _fresh_run(_PRE, [args.capacities, "16384", str(args.k), "49", "12000"])
+        res["precompile"] = _fresh_run(_PRE, [args.capacities, "16384", str(args.k), "49", "12000", mode])
         print(json.dumps(res["precompile"]), flush=True)
     return res
 
@@ -383,6 +386,8 @@ def main(argv=None) -> int:
                     help="--cold: QxN shapes, each in fresh processes")
     ap.add_argument("--capacities", default="1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
                     help="--cold: then time precompile of these Q at N = 16384 (empty: not)")
+    ap.add_argument("--serial-compile", action="store_true",
+                    help="--cold: a plan's kernels compiled one after another (select_kernel.PARALLEL_COMPILE off)")
     ap.add_argument("--cold-repeats", type=int, default=1,
                     help="--cold: processes a shape for the compile seconds after Triton's setup (median)")
     args = ap.parse_args(argv)

@@ -484,6 +484,7 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     the rank kernel covers (default ``kb``: at least its entries and ``k``). ``scores``: the
     rows W's positions index (the bucket ordering reads a NaN winner's score bits there).
     """
+    from .select_compile import launch
     from .select_staged import RANK_MAX_ROWS, rank_tile
 
     q = out_ids.shape[0]
@@ -493,22 +494,22 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
         sl, jb = rank_tile(q, kb, n_sm, binned is not None) if tile is None else tile
         z, zs, hb = (cnt, 1, 1) if binned is None else binned
         grid = (q, -(-(kb if span is None else span) // sl))
-        _rank_kernel[grid](wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
-                           KB=kb, SL=sl, JB=jb, BINNED=binned is not None, ZS=int(zs), HB=int(hb), num_warps=4)
+        launch(_rank_kernel, grid, wk, wv, wo, cnt, z, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
+               KB=kb, SL=sl, JB=jb, BINNED=binned is not None, ZS=int(zs), HB=int(hb), num_warps=4)
     elif binned is not None:
         raise ValueError("a binned W needs the rank ordering")
     elif order == "sort":
         keys = wk.view(q, kb)  # slots past a row's winners: key -1, so they sort last
         keys.masked_fill_(torch.arange(kb, device=wk.device) >= cnt.view(q, 1), -1)
         key, pos = torch.sort(keys, dim=1, descending=True)
-        _decode_runs_kernel[(q,)](key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0), out_sc.stride(0),
-                                  KB=kb, num_warps=max(1, min(8, kb // 256)))
+        launch(_decode_runs_kernel, (q,), key, pos, wv, wo, cnt, out_ids, out_sc, k, out_ids.stride(0),
+               out_sc.stride(0), KB=kb, num_warps=max(1, min(8, kb // 256)))
     elif order == "bucket":
         if scores is None:
             raise ValueError("the bucket ordering needs the scores (a NaN winner's bits)")
         z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=wk.device)
-        bucket_kernel[(q,)](wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
-                            out_sc.stride(0), KB=kb, num_warps=max(1, min(8, kb // 256)))
+        launch(bucket_kernel, (q,), wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
+               out_sc.stride(0), KB=kb, num_warps=max(1, min(8, kb // 256)))
     else:
         raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     return out_ids, out_sc

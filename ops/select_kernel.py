@@ -86,6 +86,7 @@ from typing import Iterable
 import torch
 
 from . import select_staged
+from .select_compile import collecting, compile_in_parallel, launch
 
 __all__ = ["available", "supports", "choose_path", "row_config", "sample_config", "launch_plan", "precompile", "triton_ordered_select",
            "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
@@ -104,6 +105,10 @@ SAMPLE_CAP = 8192  # and keep at most this many at or above it (a register tile)
 SAMPLE_BITS = 16  # the sampled cutoff's bits found by bisection (from the highest bit in which the samples differ)
 FIN_CHUNK = 2048  # the row kernel's finish reads an in-play list beyond its registers in chunks of this many
 ORDER_BUCKETS = 2  # the row kernel's ordering (radix.order_row) spreads its KB winners over this many KB buckets
+# a launch plan's first call (outside capture) and precompile compile their kernels at once
+# (select_compile.compile_in_parallel); False: one after another as they launch
+PARALLEL_COMPILE = True
+_WARMED: set = set()  # (device, launch plan, options) whose kernels a first call warmed
 
 try:  # Triton is optional: the module must import on CPU-only machines.
     import triton
@@ -671,6 +676,16 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if ob not in (kb, 2 * kb):  # (radix.order_row's scratch holds 2 KB bucket sizes)
         raise ValueError(f"order_buckets must be {kb} or {2 * kb} (k rounded up to a power of two, or twice that), "
                          f"got {order_buckets}")
+    if PARALLEL_COMPILE and q > 0 and scores.device.type == "cuda" and not collecting():
+        # a plan's first call: its kernels compiled at once, then launched below (select_compile)
+        opts = row_opts[:-1] + (sample_hits is not None, tuple(sorted((staged or {}).items())))
+        key = (scores.device.index, launch_plan(q, n, k, n_sm), path, order, opts)
+        if key not in _WARMED and not torch.cuda.is_current_stream_capturing():
+            _WARMED.add(key)
+            compile_in_parallel([lambda: triton_ordered_select(
+                scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk, resident=resident,
+                radix_bits=radix_bits, refine=refine, sample=sample, sample_cap=sample_cap,
+                order_buckets=order_buckets, sample_hits=sample_hits, staged=staged)])
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
     if q == 0:
@@ -698,12 +713,12 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if refine < 0:
         raise ValueError(f"refine must be >= 0, got {refine}")
     hits = sample_hits is not None and n_sample > 0
-    _row_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, sb, sample_hits if hits else sb,
-                      n, k, scores.stride(0), ids.stride(0),
-                      out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
-                      D=radix_bits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
-                      REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
-                      OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
+    launch(_row_kernel, (q,), scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, sb,
+           sample_hits if hits else sb, n, k, scores.stride(0), ids.stride(0),
+           out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
+           D=radix_bits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
+           REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
+           OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, scores=scores)
@@ -736,19 +751,33 @@ def precompile(capacities: Iterable, k: int = 2048, n: int | None = None, *, dev
         plans.setdefault(launch_plan(shape[0], shape[1], k, n_sm), shape)
     out = {}
     t_all = time.perf_counter()
-    for i, (plan, (q_, n_)) in enumerate(plans.items()):
-        t0 = time.perf_counter()
+
+    def inputs(q_, n_):
         s = torch.randn(q_, n_, device=dev)
-        ids = torch.randperm(n_, device=dev, dtype=torch.int64).to(torch.int32).expand(q_, n_).contiguous()
-        triton_ordered_select(s, ids, k)
-        torch.cuda.synchronize(dev)
-        del s, ids
-        out[(q_, n_)] = time.perf_counter() - t0
-        msg = (f"tpflare.select_kernel: precompiled {i + 1}/{len(plans)} (Q={q_}, N={n_}, k={k}, {plan[0]} path) "
-               f"in {out[(q_, n_)]:.2f} s")
-        log.info(msg)
-        if progress:
-            print(msg, file=sys.stderr, flush=True)
+        return s, torch.randperm(n_, device=dev, dtype=torch.int64).to(torch.int32).expand(q_, n_).contiguous()
+
+    with torch.cuda.device(dev):
+        if PARALLEL_COMPILE and len(plans) > 1:  # every plan's kernels at once (select_compile), then each plan's call
+            # (each call's inputs live only while its launches are collected)
+            warmed = compile_in_parallel([lambda q_=q_, n_=n_: triton_ordered_select(*inputs(q_, n_), k)
+                                          for q_, n_ in plans.values()])
+            msg = (f"tpflare.select_kernel: compiled the kernels of {len(plans)} launch plans at once "
+                   f"({warmed} launches) in {time.perf_counter() - t_all:.2f} s")
+            log.info(msg)
+            if progress:
+                print(msg, file=sys.stderr, flush=True)
+        for i, (plan, (q_, n_)) in enumerate(plans.items()):
+            t0 = time.perf_counter()
+            s, ids = inputs(q_, n_)
+            triton_ordered_select(s, ids, k)
+            torch.cuda.synchronize(dev)
+            del s, ids
+            out[(q_, n_)] = time.perf_counter() - t0
+            msg = (f"tpflare.select_kernel: precompiled {i + 1}/{len(plans)} (Q={q_}, N={n_}, k={k}, {plan[0]} path) "
+                   f"in {out[(q_, n_)]:.2f} s")
+            log.info(msg)
+            if progress:
+                print(msg, file=sys.stderr, flush=True)
     log.info("tpflare.select_kernel: %d shapes, %d launch plans compiled in %.2f s", len(shapes), len(plans),
              time.perf_counter() - t_all)
     return out

@@ -514,6 +514,7 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     P a program of that walk takes (default ``WALK_CHUNK``).
     """
     from .radix import order_winners, winner_workspace
+    from .select_compile import launch
 
     q, n = scores.shape
     if n == 0:  # no candidates: no program would run to count the winners; all pads
@@ -547,16 +548,16 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     grid_a = (q, -(-n // ca))
     fin = dict(HB=HIST_BITS, ZS=zs, KB=wb, D=int(radix_bits), CH=ch, FR1=fr1, FR2=fr2, ZN=zn)
     sp = dict(SPREAD=spread)
-    _hist_kernel[grid_a](scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs, ZN=zn,
-                         num_warps=nw_a)
-    _compact_kernel[grid_a](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                            CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin, **sp)
+    launch(_hist_kernel, grid_a, scores, ids, z, n, scores.stride(0), ids.stride(0), CA=ca, HB=HIST_BITS, ZS=zs,
+           ZN=zn, num_warps=nw_a)
+    launch(_compact_kernel, grid_a, scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
+           CA=ca, FUSED=fuse, BINNED=binned, num_warps=fw if fuse else nw_a, **fin, **sp)
     if spread:
-        _walk_kernel[(q, -(-n // wch))](scores, ids, z, pl, p2, wk, wv, wo, cnt, n, scores.stride(0), ids.stride(0),
-                                        WCH=wch, num_warps=fw, **fin)
+        launch(_walk_kernel, (q, -(-n // wch)), scores, ids, z, pl, p2, wk, wv, wo, cnt, n, scores.stride(0),
+               ids.stride(0), WCH=wch, num_warps=fw, **fin)
     if not fuse:
-        _finish_kernel[(q,)](scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
-                             num_warps=fw, **fin, **sp)
+        launch(_finish_kernel, (q,), scores, ids, z, pl, wk, wv, wo, cnt, n, k, scores.stride(0), ids.stride(0), pr,
+               num_warps=fw, **fin, **sp)
     sl, jb = rank_tile(q, kb, n_sm, binned, rank_rows)  # (from the winners, not W's stride)
     if rank_cols is not None:
         jb = int(rank_cols)

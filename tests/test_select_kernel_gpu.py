@@ -765,6 +765,55 @@ def test_one_compiled_kernel_serves_every_shape_of_a_plan(plan):
     assert _compiled_variants() == before, f"{plan}: a shape of the same plan compiled another kernel"
 
 
+@pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096"])
+def test_parallel_compile_compiles_what_the_call_launches(plan):
+    """A plan's first call compiles its kernels at once (select_compile): collecting its launches
+    compiles and launches nothing; compile_in_parallel compiles each launched kernel once; the
+    call then compiles nothing more and is exact."""
+    from tpflare.ops import select_compile
+
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("the interpreter compiles nothing")
+    if select_compile.async_compile_mode() is None:
+        pytest.skip("this Triton has no AsyncCompileMode")
+    for f in _kernels():
+        f.device_caches.clear()
+    sk._WARMED.clear()
+    q, n, k, _ = GENERIC[plan][0]
+    scores, ids = make_case("ties", q, n, k, seed=q + n, device="cuda")
+
+    def call():
+        return sk.triton_ordered_select(scores, ids, k)
+
+    launches = select_compile.collect(call)
+    assert launches and _compiled_variants() == 0, "collecting compiled something"
+    assert select_compile.compile_in_parallel([call]) == len(launches)
+    compiled = _compiled_variants()
+    assert compiled == len({id(kernel) for kernel, _, _, _ in launches})
+    check_equal(call(), ref_packed(scores, ids, k), plan)
+    assert _compiled_variants() == compiled, f"{plan}: the call compiled a kernel the warm-up did not"
+
+
+def test_precompile_of_several_plans_compiles_them_all():
+    """precompile compiles several plans' kernels at once; their shapes then compile nothing."""
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("the interpreter compiles nothing")
+    for f in _kernels():
+        f.device_caches.clear()
+    sk._WARMED.clear()
+    shapes = [GENERIC[p][0] for p in ("staged, fused, rank", "staged, fused, rank, spread", "row, registers, sort")]
+    assert {k for _, _, k, _ in shapes} == {2048} and len({sk.launch_plan(q, n, k) for q, n, k, _ in shapes}) == 3
+    sk.precompile([(q, n) for q, n, _, _ in shapes], k=2048, progress=False)
+    before = _compiled_variants()
+    assert before >= 3
+    for q, n, _, _ in shapes:
+        scores, ids = make_case("random", q, n, 2048, seed=q * n, device="cuda")
+        check_equal(sk.triton_ordered_select(scores, ids, 2048), ref_packed(scores, ids, 2048), f"q={q} n={n}")
+    assert _compiled_variants() == before, "a precompiled shape compiled another kernel"
+
+
 def test_rejects_bad_input():
     if not sk._HAVE_TRITON:
         with pytest.raises(RuntimeError):
