@@ -138,6 +138,7 @@ SELECTION_MODULES = (
     "tpflare.ops.select_kernel",
     "tpflare.ops.select_staged",
     "tpflare.ops.select_finish",
+    "tpflare.ops.select_compile",
     "tpflare.ops.radix",
     "tpflare.distributed",
     "tpflare.errors",
