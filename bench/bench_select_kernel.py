@@ -295,7 +295,7 @@ def cold(args, save=None) -> dict:
     first (``after_triton_cold_compile_s``: their median; ``_all``: each). The compile seconds of
     one process vary by up to 40 % on the H200 host, so take several. ``save(result)`` after
     each shape (a run cut short keeps what it measured)."""
-    shapes = [tuple(int(x) for x in c.split("x")) for c in args.cold_shapes.split(",")]
+    shapes = [tuple(int(x) for x in c.split("x")) for c in args.cold_shapes.split(",") if c]  # ("": precompile only)
     mode = "serial" if args.serial_compile else "parallel"
     per = []
     res = dict(per_shape=per, precompile=None, compile=mode)
