@@ -16,7 +16,8 @@ Invalid candidates are never returned as such: every output slot past the valid
 ones is a pad, whatever score the invalid candidate carried.
 
 Two paths, chosen by ``choose_path`` (the one dispatcher; measured on an H200, graph replay):
-the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows)
+the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows, and
+up to 8 rows of 16385..65536 candidates)
 and the *row* kernel of this module (one program a row).
 
 Row kernel design (one program per row, no host synchronisation, CUDA-graph capturable):
@@ -97,7 +98,8 @@ MAX_CANDIDATES = 131072
 MAX_K = 2048
 PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
-STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows
+STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
+STAGED_LONG_ROWS = (8, 65536)  # and up to 8 rows of SPREAD_MIN + 1 .. 65536 candidates
 REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile (refine_min)
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
@@ -145,15 +147,23 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
 
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
     serving runs the selection): the staged path is faster up to 4 rows; beyond, its global
-    histogram (atomics on a few hot bins) costs more. Up to 01c5110 it also took up to 32 rows
-    of more than RESIDENT_MAX candidates; the row kernel reads those in chunks with the sampled
-    cutoff (``sample_config``), and took 0.35-0.88x the staged path's time at 8 rows of
-    32768-131072 candidates on mass ties (a quarter of the row tied at the cutoff; a short
-    context padded with -inf and valid ids) and 0.90-1.22x with random scores; 0.30-1.03x at 16
-    rows (record select_kernel_h200_long_fafb16a.json). The choice does not depend on whether
-    a stream is capturing, so the first call outside capture compiles what capture will launch.
+    histogram (atomics on a few hot bins) costs more. Rows of more than SPREAD_MIN (16384) up
+    to 65536 candidates take it up to 8 rows (``STAGED_LONG_ROWS``): since the narrowing walk
+    runs over the row's programs (session 9), at 8 rows of 32768 and 65536 it took 43.0 / 64.7
+    µs with random scores against the row kernel's 47.0 / 61.1, and 50.4-63.4 against 66.4-87.8
+    µs on mass ties (a quarter of the row tied at the cutoff; a short context padded with -inf
+    and valid ids), where the row kernel was 0.78-0.94x fp32 topk; at 8 rows of 131072 the row
+    kernel stays (random 87.6 against 107.6 µs), and at 16 rows everywhere (random 47.4-89.1
+    against 59.8-119.0) (``--grid long``, record select_kernel_h200_s9_long_9abd78b.json). The
+    choice does not depend on whether a stream is capturing, so the first call outside capture
+    compiles what capture will launch.
     """
-    return "staged" if q <= STAGED_MAX_ROWS else "row"  # (n, k, n_sm: the callers' signature; unused now)
+    from .select_staged import SPREAD_MIN
+
+    if q <= STAGED_MAX_ROWS:
+        return "staged"
+    rows, n_max = STAGED_LONG_ROWS
+    return "staged" if q <= rows and SPREAD_MIN < n <= n_max else "row"  # (k, n_sm: the callers' signature)
 
 
 @functools.lru_cache(maxsize=None)

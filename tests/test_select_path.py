@@ -6,13 +6,19 @@ from tpflare.ops import select_kernel as sk
 
 
 def test_path_policy():
-    """The staged path for few rows (whatever their length), the row kernel beyond."""
+    """The staged path for up to 4 rows (whatever their length) and up to 8 rows of 16385..65536
+    candidates, the row kernel beyond."""
     assert sk.choose_path(1, 16384, 2048, 132) == "staged"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"
     assert sk.choose_path(5, 16384, 2048, 132) == "row"
+    assert sk.choose_path(8, 16384, 2048, 132) == "row"
     assert sk.choose_path(64, 16384, 2048, 132) == "row"
     assert sk.choose_path(4, 131072, 2048, 132) == "staged"
-    assert sk.choose_path(5, 32768, 2048, 132) == "row"
+    assert sk.choose_path(5, 16385, 2048, 132) == "staged"
+    assert sk.choose_path(5, 32768, 2048, 132) == "staged"
+    assert sk.choose_path(8, 65536, 2048, 132) == "staged"
+    assert sk.choose_path(9, 32768, 2048, 132) == "row"
+    assert sk.choose_path(8, 65537, 2048, 132) == "row"
     assert sk.choose_path(5, 131072, 2048, 132) == "row"
     assert sk.choose_path(256, 131072, 2048, 132) == "row"
 
@@ -27,7 +33,8 @@ def test_launch_plans_are_shape_generic():
     assert sk.launch_plan(100, 16385, 2048) == sk.launch_plan(4096, 32768, 2048)  # chunks, sampled cutoff
     assert sk.launch_plan(100, 16385, 2048) != sk.launch_plan(100, 8192, 2048)  # (not at 4097..8192)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(4, 16384, 2048)  # fused finish up to 3 rows
-    assert sk.launch_plan(8, 40000, 2048) != sk.launch_plan(4, 40000, 2048)  # the staged path up to 4 rows
+    assert sk.launch_plan(9, 40000, 2048) != sk.launch_plan(8, 40000, 2048)  # the staged path up to 8 rows here
+    assert sk.launch_plan(8, 70000, 2048) != sk.launch_plan(8, 40000, 2048)  # (of up to 65536)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(1, 16385, 2048)  # the walk's kernel beyond SPREAD_MIN
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4097, 2048)  # register tiles 4096 / 16384
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4096, 1024)
