@@ -158,12 +158,10 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     choice does not depend on whether a stream is capturing, so the first call outside capture
     compiles what capture will launch.
     """
-    from .select_staged import SPREAD_MIN
-
     if q <= STAGED_MAX_ROWS:
         return "staged"
     rows, n_max = STAGED_LONG_ROWS
-    return "staged" if q <= rows and SPREAD_MIN < n <= n_max else "row"  # (k, n_sm: the callers' signature)
+    return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k, n_sm: unused)
 
 
 @functools.lru_cache(maxsize=None)
