@@ -130,3 +130,24 @@ def test_compile_in_parallel_failure_is_logged_not_raised(caplog):
 def test_compile_in_parallel_of_no_launches():
     assert sc.compile_in_parallel([]) == 0
     assert sc.compile_in_parallel([lambda: None]) == 0
+
+
+def test_every_selection_kernel_launches_through_launch():
+    """No selection module launches a Triton kernel as ``kernel[grid](...)``: a launch that
+    bypassed ``select_compile.launch`` would escape the parallel warm-up (and compile serially
+    in every first call). Every ``@triton.jit`` function of the modules is looked for."""
+    triton = pytest.importorskip("triton")
+    import importlib
+    import inspect
+    import re
+
+    names = ("select_kernel", "select_staged", "select_finish", "radix")
+    kernels, sources = set(), {}
+    for name in names:
+        mod = importlib.import_module(f"tpflare.ops.{name}")
+        sources[name] = inspect.getsource(mod)
+        kernels |= {k for k, v in vars(mod).items() if isinstance(v, triton.runtime.JITFunction)}
+    assert {"_row_kernel", "_hist_kernel", "_compact_kernel", "_walk_kernel", "_rank_kernel"} <= kernels
+    direct = [(name, m.group(0)) for name, src in sources.items()
+              for m in re.finditer(r"\b(\w+)\[[^\]\n]*\]\(", src) if m.group(1) in kernels]
+    assert not direct, f"kernels launched without select_compile.launch: {direct}"
