@@ -34,7 +34,12 @@ run one after another in that program. Here short kernels each spread a row over
    keys and complements share no bit) the id digit applies, else the score digit. The
    finish's program then walks ``P`` once: candidates above the digit holding the last
    winner go to W, those in it stay in ``P`` (compacted in place), and the finish runs on
-   those, mostly in registers, instead of several chunked passes over the whole bin. Up to ``FUSE_MAX_ROWS`` rows there is no finish kernel: the last
+   those, mostly in registers, instead of several chunked passes over the whole bin. In rows
+   of more than ``SPREAD_MIN`` candidates that walk runs over the row's programs instead
+   (``_walk_kernel``, grid ``(Q, N / WALK_CHUNK)``, launched for every row: the compact
+   kernel's first program of a row leaves it a gate word, the cutoff bin's size where it has
+   work, else 0; kept candidates go to a second list ``P2``, and the row's last walk program
+   runs the finish on it). Up to ``FUSE_MAX_ROWS`` rows there is no finish kernel: the last
    compact program of a row to finish (a CTA barrier, then one gpu-scope acq_rel ticket, the
    cooperative-groups grid-sync pattern without the wait) runs it.
 4. **order**: ``radix.order_winners``: the rank kernel up to ``RANK_MAX_ROWS`` rows (binned W:
@@ -48,7 +53,8 @@ Workspace: one zeroed int32 ``[Q, 4096 + 8]`` (histogram, slot counters, the tic
 ordering reads; binned: also the bins' slot counters and first slots, ``[Q, 3 * 4096 + 8]``,
 layout in ``radix.ZCTRS``; then the narrowing's two histograms and counters, ``2 * 4096 + 8``:
 ``narrow_offset``) and one ``torch.empty`` for ``W`` (``KB`` winners a row, and room
-for a ranked cutoff bin when binned), the winner counts and ``P`` (``[Q, N]`` int32).
+for a ranked cutoff bin when binned), the winner counts and ``P`` (``[Q, N]`` int32); with
+the spread walk, ``P2`` as large as ``P``.
 ``N = 0`` is answered on the host (all pads).
 
 Measured on an H200: docs/benchmarks_select_kernel.md.
