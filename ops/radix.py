@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .select_compile import launch
+
 # the integer arguments of every kernel that Triton must not specialise (a value divisible by
 # 16 or equal to 1 would otherwise compile another copy of the kernel for each new shape)
 RUNTIME_INTS = ("N", "K", "s_sq", "s_iq", "s_oi", "s_os", "play_max")
@@ -484,7 +486,6 @@ def order_winners(wk, wv, wo, cnt, out_ids, out_sc, k: int, kb: int, n_sm: int, 
     the rank kernel covers (default ``kb``: at least its entries and ``k``). ``scores``: the
     rows W's positions index (the bucket ordering reads a NaN winner's score bits there).
     """
-    from .select_compile import launch
     from .select_staged import RANK_MAX_ROWS, rank_tile
 
     q = out_ids.shape[0]

@@ -65,6 +65,8 @@ from __future__ import annotations
 
 import torch
 
+from .select_compile import launch
+
 try:
     import triton
     import triton.language as tl
@@ -520,7 +522,6 @@ def staged_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torc
     P a program of that walk takes (default ``WALK_CHUNK``).
     """
     from .radix import order_winners, winner_workspace
-    from .select_compile import launch
 
     q, n = scores.shape
     if n == 0:  # no candidates: no program would run to count the winners; all pads
