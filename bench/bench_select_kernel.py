@@ -57,6 +57,8 @@ GRIDS = {
     "mid": [(n, q) for n in (8192, 12000, 16384) for q in (64, 256, 1024, 4096)],
     # long rows at few rows: the staged path against the row kernel (choose_path), with --variants
     "long": [(n, q) for n in (32768, 65536, 131072) for q in (4, 8, 16, 32, 64)],
+    # choose_path's edge for long rows (staged up to STAGED_LONG_ROWS), with --variants --only row,staged
+    "edge": [(n, q) for n in (32768, 65536, 131072) for q in (5, 6, 7, 8, 9, 12)],
     # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
     # tile of 4096 (row_s4k_*), with --variants
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
