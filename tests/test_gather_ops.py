@@ -36,7 +36,7 @@ def _gather_and_reshard(rank, world):
     )
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("world", [2, 3, 4])  # (3: blocks of a world that is no power of two)
 def test_column_gather_and_reshard(world):
     res = run_ranks(_gather_and_reshard, world, timeout=120)
     for r in res:
