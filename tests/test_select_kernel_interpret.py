@@ -13,7 +13,9 @@ kernel's sampled cutoff (kept, not kept, at the tile's boundary).
 The same kernels run compiled on the GPU machine (the whole of that file). Skipped where Triton
 does not import. With pytest-xdist (the ``test`` extra) the subset runs on two workers: about 190 s
 against 330 serially on CI's two cores (measured then); 272 s on a slower shared 2-core box
-(2026-12-02, 446 tests).
+(2026-12-02, 446 tests); 388-398 s on such a box on 2026-12-03 (458 tests), so the staged cases,
+whose programs the interpreter runs one after another, take fewer rows or shorter rows here
+than on the GPU: 302-320 s after that (451 tests), a box whose times vary by a fifth.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import pytest
 
 SUBSET = ("small or clustered or order_buckets or final_orderings or digit_widths or no_candidates or rejects"
           " or references or rank_play or narrowing or mass_tie or refine_every_bin or sampled")
-MIN_TESTS = 458  # the subset's size today: fewer passing means tests went missing
+MIN_TESTS = 451  # the subset's size today: fewer passing means tests went missing
 
 
 @pytest.mark.timeout(1200)
