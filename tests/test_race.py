@@ -70,7 +70,7 @@ def _decide(rank, world, cache_root, per_rank_dirs, select, seed_entries):
     return dict(name=d.composition.name, source=d.source, stats=dict(race.stats))
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3])  # (3: a world that is no power of two)
 def test_same_winner_everywhere_and_forced_skip(tmp_path, world):
     res = run_ranks(_decide, world, args=(str(tmp_path), False, "auto", None), timeout=180)
     assert len({r["name"] for r in res}) == 1 and all(r["source"] == "race" for r in res)

@@ -158,7 +158,7 @@ def _run_all(rank, world):
     return results
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3])  # (3: owner blocks of unequal rows, Q < W, Q = W + 1)
 def test_compositions_match_reference(world):
     res = run_ranks(_run_all, world, timeout=240)
     checked = 0
