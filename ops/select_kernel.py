@@ -154,10 +154,8 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     µs on mass ties (a quarter of the row tied at the cutoff; a short context padded with -inf
     and valid ids), where the row kernel was 0.78-0.94x fp32 topk; at 8 rows of 131072 the row
     kernel stays (random 87.6 against 107.6 µs), and at 16 rows everywhere (random 47.4-89.1
-    against 59.8-119.0) (``--grid long``, record select_kernel_h200_s9_long_9abd78b.json). At
-    Q = 5-7 too (``--grid edge``, record select_kernel_h200_s10_edge_7fcecbe.json) staged was
-    faster at 32768 and 65536 on every pattern but random at 65536, Q = 6; from 9 rows the row
-    kernel is 9-39 % faster on random scores, staged 5-24 % on mass ties. The
+    against 59.8-119.0) (``--grid long``, record select_kernel_h200_s9_long_9abd78b.json; the
+    boundary at Q = 5-9 and 12: ``--grid edge``, session 10 of docs/benchmarks_select_kernel.md). The
     choice does not depend on whether a stream is capturing, so the first call outside capture
     compiles what capture will launch.
     """
