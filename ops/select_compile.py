@@ -8,7 +8,12 @@ collected instead of launched (the host code runs, nothing reaches the GPU but t
 allocations), then hands every collected kernel to Triton's ``warmup`` (compile, no launch)
 inside Triton's ``AsyncCompileMode`` with a pool of threads, and waits for them all. Triton
 releases the GIL in parts of its pipeline (LLVM's code generation; ptxas is a subprocess), so
-the compiles overlap; the calls that follow find every kernel compiled.
+the compiles overlap. Then, in the same pool, each compiled kernel is made ready to launch
+(``load``: its launcher built, its module loaded on the device), which Triton otherwise does at
+the kernel's first launch, one kernel after another: Triton 3.6 compiles a C launcher a kernel
+with the host's C compiler (a subprocess, about 0.25 s each on the H200 host,
+docs/benchmarks_select_kernel.md, session 11). The calls that follow find every kernel compiled
+and loaded.
 
 Nothing here is needed for correctness: where this Triton has no ``AsyncCompileMode``, inside
 a CUDA-graph capture, or when a warm-up fails (logged on ``tpflare.select_compile``), the
@@ -16,6 +21,7 @@ calls compile as they launch, as before.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
@@ -25,7 +31,7 @@ from typing import Callable, Iterable
 
 log = logging.getLogger("tpflare.select_compile")
 
-__all__ = ["launch", "collecting", "collect", "async_compile_mode", "compile_in_parallel"]
+__all__ = ["launch", "collecting", "collect", "async_compile_mode", "compile_in_parallel", "load"]
 
 MAX_THREADS = 16  # compile threads at most (one a kernel, up to the machine's CPUs)
 
@@ -76,6 +82,36 @@ def async_compile_mode():
     return AsyncCompileMode
 
 
+def load(compiled, device=None) -> bool:
+    """Make a kernel that ``warmup`` returned ready to launch, on CUDA device ``device`` (an index;
+    None: the thread's current one): Triton builds a compiled kernel's launcher and loads its
+    module on the first access of its ``run`` (a ``FutureKernel`` of the async mode first gives
+    its result). Returns whether it did; a failure is logged, and the first launch then does it."""
+    try:
+        kernel = _result(compiled)
+        if kernel is None:  # (a warm-up that compiled nothing)
+            return False
+        import torch
+
+        with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+            getattr(kernel, "run")
+        return True
+    except Exception as e:  # the kernel's first launch loads it, as without this
+        log.debug("tpflare.select_compile: loading a kernel failed (%s: %s)", type(e).__name__, str(e)[:300])
+        return False
+
+
+def _result(compiled):
+    # the compiled kernel behind the async mode's FutureKernel (the idiom of Triton's own launch)
+    return compiled.result() if hasattr(compiled, "result") else compiled
+
+
+def _current_device():
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
 def compile_in_parallel(calls: Iterable[Callable[[], object]], threads: int | None = None) -> int:
     """Compile every kernel the ``calls`` launch, at once; return how many launches were warmed
     (0 where nothing was: no ``AsyncCompileMode``, or a failure, logged; the calls then compile
@@ -90,14 +126,18 @@ def compile_in_parallel(calls: Iterable[Callable[[], object]], threads: int | No
         if not launches:
             return 0
         workers = threads or max(1, min(len(launches), os.cpu_count() or 1, MAX_THREADS))
+        device = _current_device()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tpflare-compile") as pool:
             with mode(pool):
-                for kernel, grid, args, kwargs in launches:
-                    kernel.warmup(*args, grid=grid, **kwargs)
+                compiled = [kernel.warmup(*args, grid=grid, **kwargs) for kernel, grid, args, kwargs in launches]
+            # (the mode's exit waited for every compile); each compiled kernel once (launches of
+            # one specialisation share it), loaded at once
+            kernels = {id(k): k for k in map(_result, compiled) if k is not None}
+            loaded = sum(pool.map(lambda k: load(k, device), kernels.values()))
     except Exception as e:  # the real launches compile (and raise) as they would have
         log.warning("tpflare.select_compile: parallel compile failed (%s: %s); kernels compile as they launch",
                     type(e).__name__, str(e)[:300])
         return 0
-    log.info("tpflare.select_compile: %d launches warmed in %.2f s (%d threads)", len(launches),
-             time.perf_counter() - t0, workers)
+    log.info("tpflare.select_compile: %d launches warmed, %d kernels loaded, in %.2f s (%d threads)", len(launches),
+             loaded, time.perf_counter() - t0, workers)
     return len(launches)

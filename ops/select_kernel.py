@@ -621,6 +621,11 @@ def _first_call_plan(q: int, n: int, k: int, n_sm: int) -> tuple:
     return launch_plan(q, n, k, n_sm)
 
 
+def _compiles(scores: torch.Tensor) -> bool:
+    # whether a call on scores compiles Triton kernels (CUDA; the interpreter compiles nothing)
+    return scores.device.type == "cuda"
+
+
 def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           path: str | None = None, order: str | None = None, num_warps: int | None = None,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
@@ -647,6 +652,11 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     held, 0 for the others; a report, not an option of the selection); of the
     staged path: ``staged`` (``select_staged.staged_select``'s keywords).
     """
+    # the caller's options as given, for the calls again below (a device guard; the first call's
+    # parallel compile), before any is resolved
+    given = dict(path=path, order=order, num_warps=num_warps, chunk=chunk, resident=resident, radix_bits=radix_bits,
+                 refine=refine, sample=sample, sample_cap=sample_cap, order_buckets=order_buckets,
+                 sample_hits=sample_hits, staged=staged)
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
     if scores.dim() != 2 or ids.shape != scores.shape:
@@ -660,10 +670,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if scores.device.type == "cuda" and scores.device.index != torch.cuda.current_device():
         # Triton launches on the current device, whatever device the tensors are on
         with torch.cuda.device(scores.device):
-            return triton_ordered_select(scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk,
-                                         resident=resident, radix_bits=radix_bits, refine=refine, sample=sample,
-                                         sample_cap=sample_cap, order_buckets=order_buckets, sample_hits=sample_hits,
-                                         staged=staged)
+            return triton_ordered_select(scores, ids, k, **given)
     k = int(k)
     q, n = scores.shape
     if not supports(n, k):
@@ -683,24 +690,21 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         raise ValueError("row kernel options given with path='staged'")
     if path == "row" and staged:
         raise ValueError("staged options given with path='row'")
-    radix_bits = 5 if radix_bits is None else int(radix_bits)
-    if not 2 <= radix_bits <= 8:
+    digits = 5 if radix_bits is None else int(radix_bits)
+    if not 2 <= digits <= 8:
         raise ValueError(f"radix_bits must be in 2..8, got {radix_bits}")
     kb = max(2, select_staged.next_pow2(k))
     ob = ORDER_BUCKETS * kb if order_buckets is None else int(order_buckets)
     if ob not in (kb, 2 * kb):  # (radix.order_row's scratch holds 2 KB bucket sizes)
         raise ValueError(f"order_buckets must be {kb} or {2 * kb} (k rounded up to a power of two, or twice that), "
                          f"got {order_buckets}")
-    if PARALLEL_COMPILE and q > 0 and scores.device.type == "cuda" and not collecting():
+    if PARALLEL_COMPILE and q > 0 and _compiles(scores) and not collecting():
         # a plan's first call: its kernels compiled at once, then launched below (select_compile)
         opts = row_opts[:-1] + (sample_hits is not None, tuple(sorted((staged or {}).items())))
         key = (scores.device.index, _first_call_plan(q, n, k, n_sm), path, order, opts)
         if key not in _WARMED and not torch.cuda.is_current_stream_capturing():
             _WARMED.add(key)
-            compile_in_parallel([lambda: triton_ordered_select(
-                scores, ids, k, path=path, order=order, num_warps=num_warps, chunk=chunk, resident=resident,
-                radix_bits=radix_bits, refine=refine, sample=sample, sample_cap=sample_cap,
-                order_buckets=order_buckets, sample_hits=sample_hits, staged=staged)])
+            compile_in_parallel([lambda: triton_ordered_select(scores, ids, k, **given)])
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
     if q == 0:
@@ -731,7 +735,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     launch(_row_kernel, (q,), scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, sb,
            sample_hits if hits else sb, n, k, scores.stride(0), ids.stride(0),
            out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
-           D=radix_bits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
+           D=digits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
            REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
            OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
     if fused:

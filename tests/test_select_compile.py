@@ -7,6 +7,7 @@ real kernels' parallel compile runs on the GPU machine (tests/test_select_kernel
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -14,13 +15,41 @@ import torch
 from tpflare.ops import select_compile as sc
 
 
+class FakeCompiled:
+    """What ``warmup`` returns: a compiled kernel whose ``run`` (Triton builds the launcher and
+    loads the module on its first access) records the threads that asked for it."""
+
+    def __init__(self, fail=False):
+        self.fail, self.loads = fail, []
+
+    @property
+    def run(self):
+        self.loads.append(threading.current_thread().name)
+        if self.fail:
+            raise RuntimeError("cannot load")
+        return lambda *a: None
+
+
+class FakeFuture:
+    """The async mode's ``FutureKernel``: the compiled kernel behind ``result()``."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def result(self):
+        return self.compiled
+
+
 class FakeKernel:
     """Records launches (``kernel[grid](...)``) and warm-ups, with whether Triton's async compile
-    mode was active when ``warmup`` ran."""
+    mode was active when ``warmup`` ran; ``warmup`` returns one compiled kernel, as Triton's does
+    for one specialisation (``future``: behind a ``FutureKernel``)."""
 
-    def __init__(self, name, fail=False):
+    def __init__(self, name, fail=False, future=False, load_fails=False):
         self.name, self.fail = name, fail
         self.launched, self.warmed = [], []
+        self.compiled = FakeCompiled(load_fails)
+        self.future = future
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launched.append((grid, args, kwargs))
@@ -31,6 +60,7 @@ class FakeKernel:
         if self.fail:
             raise RuntimeError(f"{self.name}: cannot compile")
         self.warmed.append((grid, args, kwargs, _async_compile.active_mode.get() is not None))
+        return FakeFuture(self.compiled) if self.future else self.compiled
 
 
 def two_launches(a, b, x):
@@ -105,6 +135,37 @@ def test_compile_in_parallel_warms_every_launch_in_async_mode():
     assert _async_compile.active_mode.get() is None  # the mode is closed again
 
 
+def test_compile_in_parallel_loads_each_compiled_kernel_once_in_its_pool():
+    """After the compiles, each compiled kernel is loaded (its ``run`` asked for: Triton builds
+    the launcher then) once, however many launches share it, in the pool's threads, not at the
+    first launch one after another."""
+    pytest.importorskip("triton")
+    if sc.async_compile_mode() is None:
+        pytest.skip("this Triton has no AsyncCompileMode")
+    a, b, c = FakeKernel("a"), FakeKernel("b", future=True), FakeKernel("c")
+    x = torch.zeros(8, dtype=torch.int32)
+    calls = [lambda: two_launches(a, b, x), lambda: two_launches(a, b, x), lambda: sc.launch(c, (4,), x)]
+    assert sc.compile_in_parallel(calls) == 5
+    assert len(a.warmed) == 2 and len(b.warmed) == 2  # every launch warmed (Triton dedups the compiles)
+    for k in (a, b, c):
+        assert len(k.compiled.loads) == 1, f"{k.name} loaded {len(k.compiled.loads)} times"
+        assert k.compiled.loads[0].startswith("tpflare-compile"), k.compiled.loads
+
+
+def test_load_failure_is_logged_not_raised(caplog):
+    bad = FakeCompiled(fail=True)
+    with caplog.at_level(logging.DEBUG, logger="tpflare.select_compile"):
+        assert sc.load(bad) is False
+        assert sc.load(FakeFuture(bad)) is False
+        assert sc.load(None) is False
+    assert "loading a kernel failed" in caplog.text and "cannot load" in caplog.text
+    good = FakeCompiled()
+    assert sc.load(FakeFuture(good)) is True and len(good.loads) == 1
+    if sc.async_compile_mode() is not None:  # a kernel that does not load: the parallel compile still counts
+        k = FakeKernel("k", load_fails=True)
+        assert sc.compile_in_parallel([lambda: sc.launch(k, (1,), 1)]) == 1 and len(k.compiled.loads) == 1
+
+
 def test_compile_in_parallel_without_async_mode_does_nothing(monkeypatch):
     monkeypatch.setattr(sc, "async_compile_mode", lambda: None)
     a = FakeKernel("a")
@@ -151,3 +212,42 @@ def test_every_selection_kernel_launches_through_launch():
     direct = [(name, m.group(0)) for name, src in sources.items()
               for m in re.finditer(r"\b(\w+)\[[^\]\n]*\]\(", src) if m.group(1) in kernels]
     assert not direct, f"kernels launched without select_compile.launch: {direct}"
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("q, n, opts", [(1, 16384, {}), (4, 9000, {}), (8, 32768, {}), (64, 16384, {}),
+                                        (64, 40000, {}), (64, 16384, dict(radix_bits=6)),
+                                        (2, 16384, dict(staged=dict(radix_bits=6))), (1, 16384, dict(path="row"))])
+def test_first_call_compiles_the_call_it_was_given(monkeypatch, q, n, opts):
+    """A plan's first call hands select_compile a call with the caller's own options, which runs
+    (collected) on every path. (Up to session 11 of 2026-12-03 it passed the digit width after
+    resolving it, which the staged path rejects as a row kernel option: the parallel compile
+    failed, with a warning, and every staged plan compiled its kernels one after another.) Host
+    code only: the collected call launches nothing, and the call stops before it would launch."""
+    triton = pytest.importorskip("triton")  # noqa: F841
+    from tpflare.ops import select_kernel as sk
+
+    if not sk._HAVE_TRITON:
+        pytest.skip("the selection kernels need Triton")
+    got = []
+
+    def compile_in_parallel(calls):
+        got.extend(one for call in calls for one in sc.collect(call))  # raises what the call raises
+        raise _Stop
+
+    monkeypatch.setattr(sk, "_interpret", lambda: True)  # (CPU tensors: nothing runs on a device here)
+    monkeypatch.setattr(sk, "_compiles", lambda scores: True)
+    monkeypatch.setattr(sk, "compile_in_parallel", compile_in_parallel)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(sk, "_WARMED", set())
+    scores = torch.randn(q, n)
+    ids = torch.arange(n, dtype=torch.int32).expand(q, n).contiguous()
+    with pytest.raises(_Stop):
+        sk.triton_ordered_select(scores, ids, 2048, **opts)
+    path = opts.get("path") or ("staged" if opts.get("staged") else sk.choose_path(q, n, 2048, 132))
+    names = [kernel.fn.__name__ for kernel, _, _, _ in got]
+    assert names, "the first call collected no launch"
+    assert ("_row_kernel" in names) == (path == "row") and ("_hist_kernel" in names) == (path == "staged"), names

@@ -811,6 +811,36 @@ def test_parallel_compile_compiles_what_the_call_launches(plan):
     assert _compiled_variants() == compiled, f"{plan}: the call compiled a kernel the warm-up did not"
 
 
+@pytest.mark.parametrize("plan", list(GENERIC))
+def test_first_call_compiles_its_plan_at_once(plan, caplog):
+    """A plan's first call, as users make it, compiles its kernels at once and loads them before
+    it launches (select_compile's INFO line, no warning), then runs exactly, compiling nothing
+    more. (Up to session 11 of 2026-12-03 the staged plans' first call failed its parallel
+    compile, with a warning, and compiled one kernel after another.)"""
+    import logging
+
+    from tpflare.ops import select_compile
+
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("the interpreter compiles nothing")
+    if select_compile.async_compile_mode() is None:
+        pytest.skip("this Triton has no AsyncCompileMode")
+    for f in _kernels():
+        f.device_caches.clear()
+    sk._WARMED.clear()
+    q, n, k, _ = GENERIC[plan][0]
+    scores, ids = make_case("random", q, n, k, seed=q * n, device="cuda")
+    kernels = len({id(kernel) for kernel, _, _, _ in select_compile.collect(lambda: sk.triton_ordered_select(
+        scores, ids, k))})
+    with caplog.at_level(logging.INFO, logger="tpflare.select_compile"):
+        got = sk.triton_ordered_select(scores, ids, k)
+    assert "parallel compile failed" not in caplog.text, caplog.text
+    assert f"{kernels} kernels loaded" in caplog.text, caplog.text
+    assert _compiled_variants() == kernels
+    check_equal(got, ref_packed(scores, ids, k), plan)
+
+
 def test_precompile_of_several_plans_compiles_them_all():
     """precompile compiles several plans' kernels at once; their shapes then compile nothing."""
     _require_kernel()
