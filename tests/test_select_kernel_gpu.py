@@ -781,11 +781,9 @@ def test_one_compiled_kernel_serves_every_shape_of_a_plan(plan):
     assert _compiled_variants() == before, f"{plan}: a shape of the same plan compiled another kernel"
 
 
-@pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096"])
-def test_parallel_compile_compiles_what_the_call_launches(plan):
-    """A plan's first call compiles its kernels at once (select_compile): collecting its launches
-    compiles and launches nothing; compile_in_parallel compiles each launched kernel once; the
-    call then compiles nothing more and is exact."""
+def _parallel_compile_from_scratch():
+    """Skip where no parallel compile runs (the interpreter, a Triton without AsyncCompileMode);
+    else forget every compiled kernel and every warmed plan, so the next call compiles anew."""
     from tpflare.ops import select_compile
 
     _require_kernel()
@@ -796,6 +794,16 @@ def test_parallel_compile_compiles_what_the_call_launches(plan):
     for f in _kernels():
         f.device_caches.clear()
     sk._WARMED.clear()
+
+
+@pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096"])
+def test_parallel_compile_compiles_what_the_call_launches(plan):
+    """A plan's first call compiles its kernels at once (select_compile): collecting its launches
+    compiles and launches nothing; compile_in_parallel compiles each launched kernel once; the
+    call then compiles nothing more and is exact."""
+    from tpflare.ops import select_compile
+
+    _parallel_compile_from_scratch()
     q, n, k, _ = GENERIC[plan][0]
     scores, ids = make_case("ties", q, n, k, seed=q + n, device="cuda")
 
@@ -821,14 +829,7 @@ def test_first_call_compiles_its_plan_at_once(plan, caplog):
 
     from tpflare.ops import select_compile
 
-    _require_kernel()
-    if INTERPRET:
-        pytest.skip("the interpreter compiles nothing")
-    if select_compile.async_compile_mode() is None:
-        pytest.skip("this Triton has no AsyncCompileMode")
-    for f in _kernels():
-        f.device_caches.clear()
-    sk._WARMED.clear()
+    _parallel_compile_from_scratch()
     q, n, k, _ = GENERIC[plan][0]
     scores, ids = make_case("random", q, n, k, seed=q * n, device="cuda")
     kernels = len({id(kernel) for kernel, _, _, _ in select_compile.collect(lambda: sk.triton_ordered_select(
