@@ -145,8 +145,8 @@ KNOBS: tuple[Knob, ...] = (
          "measured cell (1.8-16x) and than plain fp32 torch.topk at 1-4 rows and with random scores "
          "at N = 16384; slower than fp32 topk in 19 of the full grid's 99 cells, mostly with a "
          "quarter of the row or more tied at the cutoff from 256 rows, and at 8 rows of 131072. "
-         "A new launch plan compiles on its first call "
-         "in about 4-6 s (about 0.5 s in a later process, nothing for a new shape of a compiled "
+         "A new launch plan compiles on its first call in a few seconds (about 0.5 s in a later "
+         "process that finds Triton's disk cache, nothing for a new shape of a compiled "
          "plan); tpflare.ops.select_kernel.precompile(capacities) compiles a server's plans at "
          "preparation. Figures and commands: "
          "docs/benchmarks_select_kernel.md. CPU always uses torch."),
