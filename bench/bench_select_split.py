@@ -9,7 +9,9 @@ candidates' position order on equal keys, and the merge's positions follow the p
 most idle), then ``Q`` rows of ``N / P x k``: two calls of ``triton_ordered_select``. Each cell
 is checked exact against the torch path and timed in CUDA-graph replay with the kernel's one call
 and fp32 ``torch.topk``. A measurement, not a path of the dispatcher (docs/benchmarks_select_kernel.md,
-session 11).
+session 11). ``--launch-rows`` adds what one more launch costs in a graph (pattern ``launch``: the
+kernel's call at N = 16384 alone, and followed by a no-op Triton kernel of Q programs), the price
+of a second kernel such as the merge.
 """
 from __future__ import annotations
 
@@ -37,6 +39,34 @@ def split_select(scores, ids, k: int, part: int):
     return sk.triton_ordered_select(ps.view(q, p * k), pi.view(q, p * k), k)
 
 
+def launch_cost(rows: list, k: int) -> list:
+    """The kernel's call at N = 16384 in a graph, alone and followed by a no-op Triton kernel of
+    Q programs: what one more launch costs."""
+    import triton
+
+    from tpflare.ops import select_kernel as sk
+
+    @triton.jit
+    def _nop(x_ptr):
+        pass
+
+    z = torch.zeros(1, device="cuda")
+    recs = []
+    for q in rows:
+        sets = [make_inputs(q, 16384, "random", seed=j) for j in range(3)]
+
+        def plus_nop(s, i, q=q):
+            out = sk.triton_ordered_select(s, i, k)
+            _nop[(q,)](z)
+            return out
+
+        for name, fn in (("alone", lambda s, i: sk.triton_ordered_select(s, i, k)), ("plus_nop", plus_nop)):
+            r = dict(pattern="launch", q=q, n=16384, k=k, method=name, graph_us=round(time_graph(fn, sets, 10, 30) * 1e3, 2))
+            recs.append(r)
+            print(json.dumps(r), flush=True)
+    return recs
+
+
 def main(argv=None) -> int:
     from tpflare.ops import select_kernel as sk
     from tpflare.ops.ordering import torch_ordered_select
@@ -47,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--patterns", default="random,ties,short")
     ap.add_argument("--parts", default="16384,8192")
     ap.add_argument("--shapes", default="", help="QxN,... (default: SHAPES)")
+    ap.add_argument("--launch-rows", default="8,64,1024", help="Q,... of the launch-cost cells (empty: none)")
     a = ap.parse_args(argv)
     k = a.k
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s] or SHAPES
@@ -69,6 +100,7 @@ def main(argv=None) -> int:
                 r["graph_us"] = round(time_graph(fn, sets, 10, 30) * 1e3, 2)
                 recs.append(r)
                 print(json.dumps(r), flush=True)
+    recs += launch_cost([int(x) for x in a.launch_rows.split(",") if x], k)
     with open(a.out, "w") as f:
         json.dump(dict(meta=dict(torch=torch.__version__, device=torch.cuda.get_device_name(0)), records=recs), f,
                   indent=1)
