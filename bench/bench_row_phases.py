@@ -51,7 +51,7 @@ from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
 from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bit_length, bucket_counts, bucket_kernel, generic_jit,  # noqa: E402
-                               key_id, load_chunk, order_row, pick_digit, put_winners, rank_in_bucket, score_key, score_bits,
+                               key_id, load_chunk, offsets_sizes, order_row, pick_digit, put_winners, rank_in_bucket, score_key, score_bits,
                                split_buckets, top_digit, winner_workspace, write_ordered)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
@@ -83,11 +83,27 @@ def write_ranked(wv_row, oid_row, osc_row, key, live, j, dest, K):
 
 
 @triton.jit
+def write_ordered_vals(oid_row, osc_row, key, val, j, dest, nsel, inv, K, KB: tl.constexpr):
+    # radix.write_ordered as it was up to session 12 of 2026-12-03: each winner's score bits
+    # (val) computed in its lane, then gathered with its key (the WVLOAD variants read them from W)
+    tl.debug_barrier()
+    tl.store(inv + dest, j)
+    tl.debug_barrier()
+    src = tl.minimum(tl.maximum(tl.load(inv + j, cache_modifier=".cg"), 0), KB - 1)
+    ks = tl.gather(key, src, 0)
+    vs = tl.gather(val, src, 0)
+    ls = j < nsel
+    mk = j < K
+    tl.store(oid_row + j, tl.where(ls, key_id(ks), -1).to(tl.int32), mask=mk)
+    tl.store(osc_row + j, tl.where(ls, vs, -8388608).to(tl.float32, bitcast=True), mask=mk)
+
+
+@triton.jit
 def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, KB: tl.constexpr):
     # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
     # members' keys and positions in the in-bucket count, through global scratch (a store, a
     # barrier and loads; two dependent L2 round trips a step of the count)
-    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB)
+    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
@@ -153,7 +169,7 @@ def bucket_counts_v(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.conste
     else:
         tl.debug_barrier()
         c = tl.load(z_row + jb, cache_modifier=".cg")
-    return j, live, key, o, bkt, slot, c
+    return j, live, key, o, bkt, slot, c, lo
 
 
 @triton.jit(noinline=True)
@@ -178,21 +194,19 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     #   two winners share a key.
     # BV: bucket_counts_v's flags (bit 0 HILO1, bit 1 ZFIRST, bit 2 HISTC).
     if BV == 0:
-        j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
     else:
-        j, live, key, o, bkt, slot, c = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
+        j, live, key, o, bkt, slot, c, lo = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
                                                         (BV >> 2) & 1)
     if OSTOP == 1:
         tl.store(oid_row + j, slot + tl.sum(c, 0), mask=j < K)
     else:
         big = tl.max(c, 0)
-        off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
-        cb = tl.where(live, tl.gather(c, bkt, 0), 0)
+        off, cb = offsets_sizes(c, bkt, live)
         if big > SPLIT_AT:
             sub, slot, cc = split_buckets(key, live, off, cb, j, z_row, KB)
             big = tl.max(cc, 0)
-            cb = tl.where(live, tl.gather(cc, sub, 0), 0)
-            off = tl.where(live, tl.gather(tl.cumsum(cc, 0) - cc, sub, 0), 0)
+            off, cb = offsets_sizes(cc, sub, live)
         if OSTOP == 2:
             tl.store(oid_row + j, off + cb + slot, mask=j < K)
         else:
@@ -257,12 +271,11 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
                         mk = dest < K
                         tl.store(oid_row + dest, tl.where(live, key_id(key), -1).to(tl.int32), mask=mk)
                         tl.store(osc_row + dest, tl.where(live, val, -8388608).to(tl.float32, bitcast=True), mask=mk)
+                elif WVLOAD:
+                    write_ordered_vals(oid_row, osc_row, key, tl.load(wv_row + j, mask=live, other=-8388608), j, dest,
+                                       nsel, z_row + 3 * KB, K, KB)
                 else:
-                    if WVLOAD:
-                        val = tl.load(wv_row + j, mask=live, other=-8388608)
-                    else:
-                        val = score_bits(key, o, live, sc_row)
-                    write_ordered(oid_row, osc_row, key, val, j, dest, nsel, z_row + 3 * KB, K, KB)
+                    write_ordered(oid_row, osc_row, key, o, j, dest, nsel, z_row + 3 * KB, sc_row, (lo >> 31) <= 1, K, KB)
 
 
 @triton.jit

@@ -305,7 +305,7 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexp
     # order_row's first level: the winners' packed keys span [lo, hi]; a shift maps hi - key to
     # one of NB (KB or 2 KB) buckets (bucket 0 = the largest keys); one atomic add a winner
     # gives each its slot in its bucket (any order); returns (j, live, key, position, bucket,
-    # slot, bucket sizes c [NB]). z_row[0:NB] holds the sizes.
+    # slot, bucket sizes c [NB], lo). z_row[0:NB] holds the sizes.
     j = tl.arange(0, KB)
     live = j < nsel
     key = tl.load(wk_row + j, mask=live, other=-1)
@@ -320,7 +320,15 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexp
     slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
     c = tl.load(z_row + jb, cache_modifier=".cg")
-    return j, live, key, o, bkt, slot, c
+    return j, live, key, o, bkt, slot, c, lo
+
+
+@triton.jit
+def offsets_sizes(c, idx, live):
+    # each winner's (sub-)bucket output offset and size, from the sizes c and its (sub-)bucket
+    # idx: one gather of both (the exclusive scan of c above c: offsets and sizes < 2**16)
+    g = tl.gather(((tl.cumsum(c, 0) - c) << 16) | c, idx, 0)
+    return tl.where(live, g >> 16, 0), tl.where(live, g & 0xFFFF, 0)
 
 
 @triton.jit
@@ -350,21 +358,28 @@ def split_buckets(key, live, off, cb, j, z_row, KB: tl.constexpr):
 
 
 @triton.jit
-def score_bits(key, o, live, sc_row):
-    # a winner's raw score bits from its packed key (score_key inverted); a NaN's (score key
-    # INT_MIN + 1 whatever its payload) from the row at its position o
+def key_bits(key):
+    # a packed key's raw score bits (score_key inverted), except a NaN's: its score key is
+    # INT_MIN + 1 whatever its payload, so score_bits reads those bits from the row
     s = (key >> 31).to(tl.int32) ^ -2147483648
-    nan = live & (s == -2147483647)
-    bits = tl.where(s >= 0, s, s ^ 0x7FFFFFFF)
-    return tl.where(nan, tl.load(sc_row + o, mask=nan, other=0.0).to(tl.int32, bitcast=True), bits)
+    return tl.where(s >= 0, s, s ^ 0x7FFFFFFF)
 
 
 @triton.jit
-def write_ordered(oid_row, osc_row, key, val, j, dest, nsel, inv, K, KB: tl.constexpr):
-    # the winners (lane j < nsel: key, score bits val) to the output row at their ranks dest,
-    # pads past them, with coalesced stores: each lane writes its index at its rank (inv, KB
-    # int32 of scratch; dest is a permutation of 0 .. KB), and output slot j gathers the key and
-    # score bits of lane inv[j] from registers. (Stores of ids and scores at the ranks themselves,
+def score_bits(key, o, live, sc_row):
+    # a winner's raw score bits from its packed key; a NaN's from the row at its position o
+    nan = live & ((key >> 31) == 1)  # (score key INT_MIN + 1)
+    return tl.where(nan, tl.load(sc_row + o, mask=nan, other=0.0).to(tl.int32, bitcast=True), key_bits(key))
+
+
+@triton.jit
+def write_ordered(oid_row, osc_row, key, o, j, dest, nsel, inv, sc_row, nan_wins, K, KB: tl.constexpr):
+    # the winners (lane j < nsel: key, position o) to the output row at their ranks dest, pads
+    # past them, with coalesced stores: each lane writes its index at its rank (inv, KB int32 of
+    # scratch; dest is a permutation of 0 .. KB), and output slot j gathers the key of lane
+    # inv[j] from registers and rebuilds its score bits (key_bits); only where a NaN wins
+    # (nan_wins: the smallest winner key is a NaN's) are the positions gathered too and the NaN
+    # payloads read from the row (sc_row). (Stores of ids and scores at the ranks themselves,
     # scattered, queued on the memory pipe: H200, 1024 rows of 16384, bench/bench_row_phases.py:
     # 0.2767 against 0.2676 ms with the bits from the key.)
     tl.debug_barrier()  # inv's earlier readers (split_buckets' sizes) are done
@@ -372,9 +387,11 @@ def write_ordered(oid_row, osc_row, key, val, j, dest, nsel, inv, K, KB: tl.cons
     tl.debug_barrier()
     src = tl.minimum(tl.maximum(tl.load(inv + j, cache_modifier=".cg"), 0), KB - 1)
     ks = tl.gather(key, src, 0)
-    vs = tl.gather(val, src, 0)
     ls = j < nsel
     mk = j < K
+    vs = key_bits(ks)
+    if nan_wins:
+        vs = score_bits(ks, tl.gather(o, src, 0), ls, sc_row)
     tl.store(oid_row + j, tl.where(ls, key_id(ks), -1).to(tl.int32), mask=mk)
     tl.store(osc_row + j, tl.where(ls, vs, -8388608).to(tl.float32, bitcast=True), mask=mk)
 
@@ -423,15 +440,13 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
     # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
     # The output: write_ordered (score bits from the keys, W holds none; sc_row: the row's
     # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32.
-    j, live, key, o, bkt, slot, c = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+    j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
     big = tl.max(c, 0)
-    off = tl.where(live, tl.gather(tl.cumsum(c, 0) - c, bkt, 0), 0)
-    cb = tl.where(live, tl.gather(c, bkt, 0), 0)
+    off, cb = offsets_sizes(c, bkt, live)
     if big > SPLIT_AT:  # second level over each bucket's own key range
         sub, slot, cc = split_buckets(key, live, off, cb, j, z_row, KB)
         big = tl.max(cc, 0)
-        cb = tl.where(live, tl.gather(cc, sub, 0), 0)
-        off = tl.where(live, tl.gather(tl.cumsum(cc, 0) - cc, sub, 0), 0)
+        off, cb = offsets_sizes(cc, sub, live)
     r = tl.zeros([KB], dtype=tl.int32)
     if big > 1:
         lst = z_row + 2 * KB
@@ -439,8 +454,8 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
         tl.debug_barrier()
         members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
         r = rank_in_bucket(key, o, live, off, cb, members, big, KB)
-    write_ordered(oid_row, osc_row, key, score_bits(key, o, live, sc_row), j, tl.where(live, off + r, j), nsel,
-                  z_row + 3 * KB, K, KB)
+    write_ordered(oid_row, osc_row, key, o, j, tl.where(live, off + r, j), nsel, z_row + 3 * KB, sc_row,
+                  (lo >> 31) <= 1, K, KB)  # (lo: the smallest winner key; a NaN's score key is INT_MIN + 1)
 
 
 @generic_jit
