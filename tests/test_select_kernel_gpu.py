@@ -273,7 +273,8 @@ def test_final_orderings(kind, path, order):
 def _clustered(kind: str, q: int, n: int, seed: int):
     """Winner keys in clusters, where one linear bucket map of the key range fails: two tie
     groups straddling the cutoff; a tie group with a few far outliers; three tie groups of
-    duplicate ids (only positions tell them apart); equal scores over a narrow id range."""
+    duplicate ids (only positions tell them apart); equal scores over a narrow id range; scores
+    over 60 decades, each twice."""
     g = torch.Generator().manual_seed(seed)
     ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 3).to(torch.int32)
     if kind == "two_groups":
@@ -287,16 +288,23 @@ def _clustered(kind: str, q: int, n: int, seed: int):
     elif kind == "narrow_ids":
         scores = torch.full((q, n), -2.25)
         ids = (ids // 3 + 1_000_000).to(torch.int32)
+    elif kind == "close_keys":  # scores over 60 decades, each twice (distinct ids): keys a few
+        # units apart in the buckets of a very wide first level
+        mag = torch.pow(10.0, torch.rand(q, n // 2, generator=g) * 60 - 30)
+        half = torch.where(torch.rand(q, n // 2, generator=g) < 0.5, -mag, mag)
+        scores = torch.stack([half, half], dim=2).reshape(q, n // 2 * 2)
+        ids = ids[:, : n // 2 * 2]
     else:
         raise ValueError(kind)
     return scores.contiguous(), ids.contiguous()
 
 
 @pytest.mark.parametrize("path,order", [("row", None), ("staged", "bucket")], ids=["row", "staged-bucket"])
-@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids"])
+@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys"])
 def test_bucket_order_clustered_keys(kind, path, order):
     """The bucket ordering (radix.order_row) on winners whose keys cluster: its second level
-    splits every crowded bucket over its own key range; exact against both references."""
+    splits every crowded bucket over its own key range; close_keys: equal scores with distinct
+    ids in the buckets of a key range of 60 decades; exact against both references."""
     _require_kernel()
     for q, n, k in ((2, 3000, 1024), (1, 700, 512)):
         scores, ids = _clustered(kind, q, n, seed=n + k)
