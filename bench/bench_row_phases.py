@@ -50,9 +50,10 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
-from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bit_length, bucket_counts, bucket_kernel, generic_jit,  # noqa: E402
-                               key_id, load_chunk, offsets_sizes, order_row, pick_digit, put_winners, rank_in_bucket, score_key, score_bits,
-                               split_buckets, top_digit, winner_workspace, write_ordered)
+from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bit_length, bucket_counts, bucket_kernel,  # noqa: E402
+                               generic_jit, key_id, load_chunk, offsets_sizes, order_row, pick_digit, put_winners,
+                               rank_in_bucket, score_key, score_bits, split_buckets, top_digit, winner_workspace,
+                               write_ordered)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
 ORDER_NB = tl.constexpr(sk.ORDER_BUCKETS)  # the production ordering's buckets, in units of KB

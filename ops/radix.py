@@ -379,9 +379,11 @@ def write_ordered(oid_row, osc_row, key, o, j, dest, nsel, inv, sc_row, nan_wins
     # scratch; dest is a permutation of 0 .. KB), and output slot j gathers the key of lane
     # inv[j] from registers and rebuilds its score bits (key_bits); only where a NaN wins
     # (nan_wins: the smallest winner key is a NaN's) are the positions gathered too and the NaN
-    # payloads read from the row (sc_row). (Stores of ids and scores at the ranks themselves,
-    # scattered, queued on the memory pipe: H200, 1024 rows of 16384, bench/bench_row_phases.py:
-    # 0.2767 against 0.2676 ms with the bits from the key.)
+    # payloads read from the row (sc_row): 0.985-0.997x the time of the bits built in each lane,
+    # every winner's masked payload load with them, and gathered beside the key (H200, N =
+    # 8192-16384, 64-4096 rows, session 12 of docs/benchmarks_select_kernel.md). (Stores of ids
+    # and scores at the ranks themselves, scattered, queued on the memory pipe: H200, 1024 rows
+    # of 16384, bench/bench_row_phases.py: 0.2767 against 0.2676 ms with the bits from the key.)
     tl.debug_barrier()  # inv's earlier readers (split_buckets' sizes) are done
     tl.store(inv + dest, j)
     tl.debug_barrier()
