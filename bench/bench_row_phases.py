@@ -51,9 +51,9 @@ from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
 from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bit_length, bucket_counts, bucket_kernel,  # noqa: E402
-                               generic_jit, key_id, load_chunk, offsets_sizes, order_row, pick_digit, put_winners,
-                               rank_in_bucket, score_key, score_bits, split_buckets, top_digit, winner_workspace,
-                               write_ordered)
+                               generic_jit, key_id, load_chunk, nan_key, offsets_sizes, order_row, pick_digit,
+                               put_winners, rank_in_bucket, score_key, score_bits, split_buckets, top_digit,
+                               winner_workspace, write_ordered)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
 ORDER_NB = tl.constexpr(sk.ORDER_BUCKETS)  # the production ordering's buckets, in units of KB
@@ -276,7 +276,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
                     write_ordered_vals(oid_row, osc_row, key, tl.load(wv_row + j, mask=live, other=-8388608), j, dest,
                                        nsel, z_row + 3 * KB, K, KB)
                 else:
-                    write_ordered(oid_row, osc_row, key, o, j, dest, nsel, z_row + 3 * KB, sc_row, (lo >> 31) <= 1, K, KB)
+                    write_ordered(oid_row, osc_row, key, o, j, dest, nsel, z_row + 3 * KB, sc_row, nan_key(lo), K, KB)
 
 
 @triton.jit

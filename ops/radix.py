@@ -366,9 +366,15 @@ def key_bits(key):
 
 
 @triton.jit
+def nan_key(key):
+    # whether a packed key's score key is a NaN's (INT_MIN + 1, the lowest valid one) or below
+    return (key >> 31) <= 1
+
+
+@triton.jit
 def score_bits(key, o, live, sc_row):
     # a winner's raw score bits from its packed key; a NaN's from the row at its position o
-    nan = live & ((key >> 31) == 1)  # (score key INT_MIN + 1)
+    nan = live & nan_key(key)
     return tl.where(nan, tl.load(sc_row + o, mask=nan, other=0.0).to(tl.int32, bitcast=True), key_bits(key))
 
 
@@ -457,7 +463,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
         members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
         r = rank_in_bucket(key, o, live, off, cb, members, big, KB)
     write_ordered(oid_row, osc_row, key, o, j, tl.where(live, off + r, j), nsel, z_row + 3 * KB, sc_row,
-                  (lo >> 31) <= 1, K, KB)  # (lo: the smallest winner key; a NaN's score key is INT_MIN + 1)
+                  nan_key(lo), K, KB)  # (lo: the smallest winner key)
 
 
 @generic_jit
