@@ -106,6 +106,20 @@ def _result(compiled):
     return compiled.result() if hasattr(compiled, "result") else compiled
 
 
+def _leave(active) -> None:
+    # Triton's async mode stays active where a compile in it failed: its __exit__ (Triton 3.5-3.6)
+    # re-raises the compile's error before it clears the mode, and every later compile of this
+    # context would then go to the closed pool ("cannot schedule new futures after shutdown");
+    # cleared here when it is still the mode this module entered (Triton 3.9 clears it first)
+    try:
+        from triton.runtime import _async_compile
+
+        if _async_compile.active_mode.get() is active:
+            _async_compile.active_mode.set(None)
+    except Exception:  # pragma: no cover - a Triton without that module has no such mode
+        pass
+
+
 def _current_device():
     import torch
 
@@ -128,8 +142,12 @@ def compile_in_parallel(calls: Iterable[Callable[[], object]], threads: int | No
         workers = threads or max(1, min(len(launches), os.cpu_count() or 1, MAX_THREADS))
         device = _current_device()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tpflare-compile") as pool:
-            with mode(pool):
-                compiled = [kernel.warmup(*args, grid=grid, **kwargs) for kernel, grid, args, kwargs in launches]
+            active = mode(pool)
+            try:
+                with active:
+                    compiled = [kernel.warmup(*args, grid=grid, **kwargs) for kernel, grid, args, kwargs in launches]
+            finally:
+                _leave(active)
             # (the mode's exit waited for every compile); each compiled kernel once (launches of
             # one specialisation share it), loaded at once
             kernels = {id(k): k for k in map(_result, compiled) if k is not None}
