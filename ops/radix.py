@@ -332,20 +332,38 @@ def offsets_sizes(c, idx, live):
 
 
 @triton.jit
-def split_buckets(key, live, off, cb, j, z_row, KB: tl.constexpr):
-    # order_row's second level: every bucket (output offset off, size cb) splits over its own key
-    # range into cb sub-buckets laid out in its output range; returns (sub-bucket, slot in it,
-    # sub-bucket sizes cc). z_row[3KB:4KB] holds the sizes, [5KB:9KB] the buckets' key ranges,
-    # at each bucket's output offset (< KB, one a non-empty bucket, whatever the buckets' count)
+def split_buckets(key, live, off, cb, slot, j, z_row, KB: tl.constexpr):
+    # order_row's second level: every bucket (output offset off, size cb; the winner's slot in it)
+    # splits over its own key range into cb sub-buckets laid out in its output range; returns
+    # (sub-bucket, slot in it, sub-bucket sizes cc). The buckets' key ranges by atomic max / min at
+    # each bucket's output offset, from the members in bucket order (the member list at
+    # z_row[2KB:3KB]) in groups of GROUP positions: the members of a group's first bucket send one
+    # max and one min for the group, the others their own; so a bucket of a thousand winners (a
+    # short context's -inf scores, which differ by id only) sends about a thirty-second as many
+    # atomics to its address. z_row[3KB:4KB] holds the sub-bucket sizes, [5KB:9KB) the key ranges
+    # (< KB, one a non-empty bucket, whatever the buckets' count).
+    G: tl.constexpr = 32 if KB > 32 else KB
+    lst = z_row + 2 * KB
     c2 = z_row + 3 * KB
     yh = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))
     yl = yh + KB
+    tl.store(lst + off + slot, j, mask=live)
     tl.store(c2 + j, tl.zeros([KB], dtype=tl.int32))
     tl.store(yh + j, tl.full([KB], -1, tl.int64))
     tl.store(yl + j, tl.full([KB], 9223372036854775807, tl.int64))
     tl.debug_barrier()
-    tl.atomic_max(yh + off, key, mask=live, sem="relaxed", scope="cta")
-    tl.atomic_min(yl + off, key, mask=live, sem="relaxed", scope="cta")
+    mem = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
+    mkey = tl.gather(key, mem, 0)  # position p (< nsel) of the bucket order: its key and its bucket's offset
+    moff = tl.where(live, tl.gather(off, mem, 0), KB)
+    lead = tl.broadcast_to(tl.min(tl.reshape(moff, [KB // G, G]), 1)[:, None], [KB // G, G])
+    first = tl.reshape(moff, [KB // G, G]) == lead  # in the group's first bucket
+    k2 = tl.reshape(mkey, [KB // G, G])
+    gmax = tl.reshape(tl.broadcast_to(tl.max(tl.where(first, k2, -1), 1)[:, None], [KB // G, G]), [KB])
+    gmin = tl.reshape(tl.broadcast_to(tl.min(tl.where(first, k2, 9223372036854775807), 1)[:, None], [KB // G, G]), [KB])
+    first = tl.reshape(first, [KB])
+    send = live & ((first == 0) | (j % G == 0))  # (position j: a group's first is in its first bucket)
+    tl.atomic_max(yh + moff, tl.where(first, gmax, mkey), mask=send, sem="relaxed", scope="cta")
+    tl.atomic_min(yl + moff, tl.where(first, gmin, mkey), mask=send, sem="relaxed", scope="cta")
     tl.debug_barrier()
     bh = tl.load(yh + off, mask=live, other=0, cache_modifier=".cg")
     bl = tl.load(yl + off, mask=live, other=0, cache_modifier=".cg")
@@ -452,7 +470,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
     big = tl.max(c, 0)
     off, cb = offsets_sizes(c, bkt, live)
     if big > SPLIT_AT:  # second level over each bucket's own key range
-        sub, slot, cc = split_buckets(key, live, off, cb, j, z_row, KB)
+        sub, slot, cc = split_buckets(key, live, off, cb, slot, j, z_row, KB)
         big = tl.max(cc, 0)
         off, cb = offsets_sizes(cc, sub, live)
     r = tl.zeros([KB], dtype=tl.int32)

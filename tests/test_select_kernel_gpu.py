@@ -274,7 +274,9 @@ def _clustered(kind: str, q: int, n: int, seed: int):
     """Winner keys in clusters, where one linear bucket map of the key range fails: two tie
     groups straddling the cutoff; a tie group with a few far outliers; three tie groups of
     duplicate ids (only positions tell them apart); equal scores over a narrow id range; scores
-    over 60 decades, each twice."""
+    over 60 decades, each twice; a short context in a padded buffer (a few finite scores, the
+    rest -inf with valid ids: most winners in one bucket, over many of the second level's groups
+    of 32 positions, from the middle of one)."""
     g = torch.Generator().manual_seed(seed)
     ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 3).to(torch.int32)
     if kind == "two_groups":
@@ -294,13 +296,16 @@ def _clustered(kind: str, q: int, n: int, seed: int):
         half = torch.where(torch.rand(q, n // 2, generator=g) < 0.5, -mag, mag)
         scores = torch.stack([half, half], dim=2).reshape(q, n // 2 * 2)
         ids = ids[:, : n // 2 * 2]
+    elif kind == "short_context":
+        scores = torch.where(torch.rand(q, n, generator=g) < 0.05, torch.randn(q, n, generator=g), float("-inf"))
+        scores[:, 1:4] = float("nan")
     else:
         raise ValueError(kind)
     return scores.contiguous(), ids.contiguous()
 
 
 @pytest.mark.parametrize("path,order", [("row", None), ("staged", "bucket")], ids=["row", "staged-bucket"])
-@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys"])
+@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys", "short_context"])
 def test_bucket_order_clustered_keys(kind, path, order):
     """The bucket ordering (radix.order_row) on winners whose keys cluster: its second level
     splits every crowded bucket over its own key range; close_keys: equal scores with distinct
