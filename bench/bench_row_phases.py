@@ -57,7 +57,7 @@ from tpflare.ops.radix import (SPLIT, bit_length, bucket_counts, bucket_kernel, 
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
 ORDER_NB = tl.constexpr(sk.ORDER_BUCKETS)  # the production ordering's buckets, in units of KB
-SCRATCH = 9  # int32 scratch a row of the orderings here, in units of KB (radix.ORDER_SCRATCH and the variants' key lists)
+Z_UNITS = 9  # int32 scratch a row of the orderings here, in units of KB (radix.ORDER_SCRATCH and the variants' key lists)
 
 
 @triton.jit
@@ -105,7 +105,7 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
     # members' keys and positions in the in-bucket count, through global scratch (a store, a
     # barrier and loads; two dependent L2 round trips a step of the count)
-    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB)
+    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB, False)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
@@ -196,7 +196,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     #   two winners share a key.
     # BV: bucket_counts_v's flags (bit 0 HILO1, bit 1 ZFIRST, bit 2 HISTC).
     if BV == 0:
-        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB, False)
     else:
         j, live, key, o, bkt, slot, c, lo = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
                                                         (BV >> 2) & 1)
@@ -277,7 +277,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
                     write_ordered_vals(oid_row, osc_row, key, tl.load(wv_row + j, mask=live, other=-8388608), j, dest,
                                        nsel, z_row + 3 * KB, K, KB)
                 else:
-                    write_ordered(oid_row, osc_row, key, o, j, dest, nsel, z_row + 3 * KB, sc_row, nan_key(lo), K, KB)
+                    write_ordered(oid_row, osc_row, key, o, j, dest, nsel, z_row + 3 * KB, sc_row, nan_key(lo), 1, K, KB)
 
 
 @triton.jit
@@ -379,15 +379,15 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
         if STOP == 5:
             tl.debug_barrier()
             if ORDV > 0 or OSTOP < 5:
-                order_row_v(wk_row, wv_row, wo_row, nsel, z_ptr + row * (SCRATCH * KB), oid_ptr + row * s_oi,
+                order_row_v(wk_row, wv_row, wo_row, nsel, z_ptr + row * (Z_UNITS * KB), oid_ptr + row * s_oi,
                             osc_ptr + row * s_os, K, sc_ptr + row * s_sq, KB, SPLIT_AT, ORDER_NB * KB, ORDV & 1,
                             (ORDV >> 1) & 1, (ORDV >> 2) & 1, (ORDV >> 3) & 1, OSTOP, ORDV >> 4)
             elif SCRATCH:
-                order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (SCRATCH * KB),
+                order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (Z_UNITS * KB),
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
-                order_row(wk_row, wo_row, nsel, z_ptr + row * (SCRATCH * KB), sc_ptr + row * s_sq,
-                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, ORDER_NB * KB)
+                order_row(wk_row, wo_row, nsel, z_ptr + row * (Z_UNITS * KB), sc_ptr + row * s_sq,
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, ORDER_NB * KB, False)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
@@ -401,7 +401,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
         raise ValueError(f"the bench kernel holds the row in registers (N <= {sk.RESIDENT_MAX}), got N={n}")
     block, nw, _, _ = sk.row_config(n, q, resident=True)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
-    z = torch.empty((q * SCRATCH * kb,), dtype=torch.int32, device=scores.device)
+    z = torch.empty((q * Z_UNITS * kb,), dtype=torch.int32, device=scores.device)
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
     fr1, fr2 = st.finish_tiers(False, 0)  # the row kernel's

@@ -301,11 +301,12 @@ def bit_length(x):
 
 
 @triton.jit
-def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexpr):
+def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexpr, ZEROED: tl.constexpr):
     # order_row's first level: the winners' packed keys span [lo, hi]; a shift maps hi - key to
     # one of NB (KB or 2 KB) buckets (bucket 0 = the largest keys); one atomic add a winner
     # gives each its slot in its bucket (any order); returns (j, live, key, position, bucket,
-    # slot, bucket sizes c [NB], lo). z_row[0:NB] holds the sizes.
+    # slot, bucket sizes c [NB], lo). z_row[0:NB] holds the sizes (ZEROED: the caller zeroed
+    # them, before a barrier)
     j = tl.arange(0, KB)
     live = j < nsel
     key = tl.load(wk_row + j, mask=live, other=-1)
@@ -315,8 +316,9 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexp
     sh = bit_length(tl.maximum(hi - lo, 0) // NB)  # (hi - lo) >> sh < NB
     bkt = tl.where(live, (hi - key) >> sh, 0).to(tl.int32)
     jb = tl.arange(0, NB)
-    tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
-    tl.debug_barrier()
+    if not ZEROED:
+        tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
+        tl.debug_barrier()
     slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
     c = tl.load(z_row + jb, cache_modifier=".cg")
@@ -397,7 +399,7 @@ def score_bits(key, o, live, sc_row):
 
 
 @triton.jit
-def write_ordered(oid_row, osc_row, key, o, j, dest, nsel, inv, sc_row, nan_wins, K, KB: tl.constexpr):
+def write_ordered(oid_row, osc_row, key, o, j, dest, nsel, inv, sc_row, nan_wins, inv_read, K, KB: tl.constexpr):
     # the winners (lane j < nsel: key, position o) to the output row at their ranks dest, pads
     # past them, with coalesced stores: each lane writes its index at its rank (inv, KB int32 of
     # scratch; dest is a permutation of 0 .. KB), and output slot j gathers the key of lane
@@ -408,7 +410,9 @@ def write_ordered(oid_row, osc_row, key, o, j, dest, nsel, inv, sc_row, nan_wins
     # 8192-16384, 64-4096 rows, session 12 of docs/benchmarks_select_kernel.md). (Stores of ids
     # and scores at the ranks themselves, scattered, queued on the memory pipe: H200, 1024 rows
     # of 16384, bench/bench_row_phases.py: 0.2767 against 0.2676 ms with the bits from the key.)
-    tl.debug_barrier()  # inv's earlier readers (split_buckets' sizes) are done
+    # inv_read: inv's scratch was read before (split_buckets' sizes), so a barrier first
+    if inv_read:
+        tl.debug_barrier()
     tl.store(inv + dest, j)
     tl.debug_barrier()
     src = tl.minimum(tl.maximum(tl.load(inv + j, cache_modifier=".cg"), 0), KB - 1)
@@ -449,7 +453,7 @@ def rank_in_bucket(key, o, live, off, cb, members, big, KB: tl.constexpr):
 
 @triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
 def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.constexpr, SPLIT_AT: tl.constexpr,
-              NB: tl.constexpr):
+              NB: tl.constexpr, ZEROED: tl.constexpr):
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
     # past them. Bucket rank: bucket_counts gives the sizes of NB buckets (KB or 2 KB; more
     # buckets, fewer members each) and each winner a slot in its bucket; a scan of the sizes
@@ -465,11 +469,13 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
     # and one load where every step of the count took two dependent L2 round trips. H200, 1024
     # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
     # The output: write_ordered (score bits from the keys, W holds none; sc_row: the row's
-    # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32.
-    j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB)
+    # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32; ZEROED: its first NB are
+    # zero already (the row kernel zeroes them at its start: no store and barrier here).
+    j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB, ZEROED)
     big = tl.max(c, 0)
     off, cb = offsets_sizes(c, bkt, live)
-    if big > SPLIT_AT:  # second level over each bucket's own key range
+    split = big > SPLIT_AT
+    if split:  # second level over each bucket's own key range
         sub, slot, cc = split_buckets(key, live, off, cb, slot, j, z_row, KB)
         big = tl.max(cc, 0)
         off, cb = offsets_sizes(cc, sub, live)
@@ -481,7 +487,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
         members = tl.minimum(tl.maximum(tl.load(lst + j, mask=live, other=0, cache_modifier=".cg"), 0), KB - 1)
         r = rank_in_bucket(key, o, live, off, cb, members, big, KB)
     write_ordered(oid_row, osc_row, key, o, j, tl.where(live, off + r, j), nsel, z_row + 3 * KB, sc_row,
-                  nan_key(lo), K, KB)  # (lo: the smallest winner key)
+                  nan_key(lo), split, K, KB)  # (lo: the smallest winner key)
 
 
 @generic_jit
@@ -489,7 +495,7 @@ def bucket_kernel(wk_ptr, wo_ptr, cnt_ptr, z_ptr, sc_ptr, oid_ptr, osc_ptr, K, s
     # grid (Q,): order_row for each row of W (the staged path's winners; sc_ptr: the scores)
     row = tl.program_id(0).to(tl.int64)
     order_row(wk_ptr + row * KB, wo_ptr + row * KB, tl.load(cnt_ptr + row), z_ptr + row * (ORDER_SCRATCH * KB),
-              sc_ptr + row * s_sq, oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT, KB)
+              sc_ptr + row * s_sq, oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT, KB, False)
 
 
 def winner_workspace(q: int, kb: int, extra: int, device) -> tuple[torch.Tensor, ...]:

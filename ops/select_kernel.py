@@ -179,6 +179,16 @@ def _check_tile(name: str, v) -> None:
         raise ValueError(f"{name} must be a power of two in 16..16384, got {v}")
 
 
+def zero_first(block: int, resident: bool) -> bool:
+    """Whether the row kernel zeroes its ordering's bucket sizes after the compaction (``ZF``):
+    the 16384 register tile. H200, graph replay, 64-4096 rows (two rounds, alternating;
+    docs/benchmarks_select_kernel.md, session 13): 0.990-0.995x the time at N = 12000 and 16384
+    with random scores (64 x 16384: 30.11 and 29.97 against 30.30 and 30.25 µs), 1.00-1.008x with
+    a short context (refine_row spills more: 136 against 76 bytes); the 8192 tile 1.00-1.01x
+    (random), so it keeps the ordering's own zeroing, as do rows read in chunks (not measured)."""
+    return resident and block > 8192
+
+
 def register_tile(n: int) -> int:
     """The register tile of a row of ``n <= RESIDENT_MAX`` candidates: 4096, 8192 or 16384 keys."""
     return 4096 if n <= 4096 else 8192 if n <= 8192 else RESIDENT_MAX
@@ -515,7 +525,8 @@ if _HAVE_TRITON:
                     BLOCK: tl.constexpr, CHUNK: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                     ORDER: tl.constexpr, REFINE: tl.constexpr, OB: tl.constexpr, SAMPLE: tl.constexpr = 0,
-                    CAP: tl.constexpr = 16, SB: tl.constexpr = 16, HITS: tl.constexpr = False):
+                    CAP: tl.constexpr = 16, SB: tl.constexpr = 16, HITS: tl.constexpr = False,
+                    ZF: tl.constexpr = False):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
@@ -523,7 +534,8 @@ if _HAVE_TRITON:
         # buckets). SAMPLE (chunks only): first a sampled cutoff (sample_config), whose kept
         # candidates (sb_ptr, CAP a row), when they hold the row's winners, replace the histogram
         # passes and the compaction pass by a register tile; HITS: hit_ptr[row] = 1 where they
-        # did, else 0
+        # did, else 0; ZF (with ORDER): the ordering's bucket sizes are zeroed after the
+        # compaction, not by the ordering (its store and barrier before the atomics)
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -582,6 +594,8 @@ if _HAVE_TRITON:
                     bn, i_n = load_chunk(sc_row, id_row, c0 + CHUNK, N, CHUNK)  # the next chunk
                     wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
                                                 wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK, not ORDER)
+        if ZF:  # the ordering's bucket sizes zeroed now (before its atomics: the barriers below)
+            tl.store(z_ptr + row * (ORDER_SCRATCH * KB) + tl.arange(0, OB), tl.zeros([OB], dtype=tl.int32))
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         if RESIDENT and FR2 < BLOCK and REFINE < BLOCK:  # a bin beyond the finish's registers: refined on the tile
             if refine:
@@ -597,7 +611,7 @@ if _HAVE_TRITON:
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_row, oid_ptr + row * s_oi,
-                      osc_ptr + row * s_os, K, KB, SPLIT, OB)
+                      osc_ptr + row * s_os, K, KB, SPLIT, OB, ZF)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
@@ -737,7 +751,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
            out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
            D=digits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
            REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
-           OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, num_warps=nw)
+           OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, ZF=fused and zero_first(block, resident),
+           num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, scores=scores)

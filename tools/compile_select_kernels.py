@@ -60,11 +60,11 @@ KERNELS = {
     "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
 }
 _ROW = dict(KB=2048, D=5, CH=sk.FIN_CHUNK, FR1=_RF1, FR2=_RF2, ORDER=True, REFINE=0, OB=sk.ORDER_BUCKETS * 2048)
-_R16 = dict(_ROW, REFINE=sk.REFINE_MIN)  # the 16384 tile's refinement threshold
+_R16 = dict(_ROW, REFINE=sk.REFINE_MIN, ZF=True)  # the 16384 tile's refinement threshold; its early zeroing
 KERNELS.update({
     "row kernel (registers 16384)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True, **_R16), 16),
     "row kernel (registers 16384, refine all)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
-                                                                      **_ROW), 16),
+                                                                      **dict(_ROW, ZF=True)), 16),
     "row kernel (registers 8192)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=4096, RESIDENT=True,
                                                          **dict(_ROW, REFINE=sk.refine_min(8192, _RF2))), 16),
     "row kernel (registers 16384, finish 8192)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
@@ -74,7 +74,7 @@ KERNELS.update({
     "row kernel (chunks, sampled)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, SAMPLE=sk.SAMPLE,
                                                           CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS, **_ROW), 16),
     "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
-                                                                     **dict(_R16, ORDER=False)), 16),
+                                                                     **dict(_R16, ORDER=False, ZF=False)), 16),
 })
 
 
