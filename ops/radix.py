@@ -339,7 +339,7 @@ def split_buckets(key, live, off, cb, slot, j, z_row, KB: tl.constexpr):
     # splits over its own key range into cb sub-buckets laid out in its output range; returns
     # (sub-bucket, slot in it, sub-bucket sizes cc). The buckets' key ranges by atomic max / min at
     # each bucket's output offset, from the members in bucket order (the member list at
-    # z_row[2KB:3KB]) in groups of GROUP positions: the members of a group's first bucket send one
+    # z_row[2KB:3KB]) in groups of G = 32 positions: the members of a group's first bucket send one
     # max and one min for the group, the others their own; so a bucket of a thousand winners (a
     # short context's -inf scores, which differ by id only) sends about a thirty-second as many
     # atomics to its address. z_row[3KB:4KB] holds the sub-bucket sizes, [5KB:9KB) the key ranges
@@ -470,7 +470,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, KB: tl.c
     # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
     # The output: write_ordered (score bits from the keys, W holds none; sc_row: the row's
     # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32; ZEROED: its first NB are
-    # zero already (the row kernel zeroes them at its start: no store and barrier here).
+    # zero already (the row kernel zeroed them after its compaction: no store and barrier here).
     j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB, ZEROED)
     big = tl.max(c, 0)
     off, cb = offsets_sizes(c, bkt, live)

@@ -594,7 +594,7 @@ if _HAVE_TRITON:
                     bn, i_n = load_chunk(sc_row, id_row, c0 + CHUNK, N, CHUNK)  # the next chunk
                     wbase, pbase = compact_tile(score_key(bc, ic), bc, ic, c0 + tl.arange(0, CHUNK), P, all_in, 1,
                                                 wk_row, wv_row, wo_row, p_row, wbase, pbase, CHUNK, not ORDER)
-        if ZF:  # the ordering's bucket sizes zeroed now (before its atomics: the barriers below)
+        if ORDER and ZF:  # the ordering's bucket sizes zeroed now (before its atomics: the barriers below)
             tl.store(z_ptr + row * (ORDER_SCRATCH * KB) + tl.arange(0, OB), tl.zeros([OB], dtype=tl.int32))
         tl.debug_barrier()  # P and W, written by the program's threads, read by others below
         if RESIDENT and FR2 < BLOCK and REFINE < BLOCK:  # a bin beyond the finish's registers: refined on the tile
