@@ -50,14 +50,13 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
-from tpflare.ops.radix import (SPLIT, bit_length, bucket_counts, bucket_kernel,  # noqa: E402
+from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bit_length, bucket_counts, bucket_kernel,  # noqa: E402
                                generic_jit, key_id, load_chunk, nan_key, offsets_sizes, order_row, pick_digit,
                                put_winners, rank_in_bucket, score_key, score_bits, split_buckets, top_digit,
                                winner_workspace, write_ordered)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
 
 ORDER_NB = tl.constexpr(sk.ORDER_BUCKETS)  # the production ordering's buckets, in units of KB
-Z_UNITS = 9  # int32 scratch a row of the orderings here, in units of KB (radix.ORDER_SCRATCH and the variants' key lists)
 
 
 @triton.jit
@@ -379,14 +378,14 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
         if STOP == 5:
             tl.debug_barrier()
             if ORDV > 0 or OSTOP < 5:
-                order_row_v(wk_row, wv_row, wo_row, nsel, z_ptr + row * (Z_UNITS * KB), oid_ptr + row * s_oi,
+                order_row_v(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), oid_ptr + row * s_oi,
                             osc_ptr + row * s_os, K, sc_ptr + row * s_sq, KB, SPLIT_AT, ORDER_NB * KB, ORDV & 1,
                             (ORDV >> 1) & 1, (ORDV >> 2) & 1, (ORDV >> 3) & 1, OSTOP, ORDV >> 4)
             elif SCRATCH:
-                order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (Z_UNITS * KB),
+                order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
-                order_row(wk_row, wo_row, nsel, z_ptr + row * (Z_UNITS * KB), sc_ptr + row * s_sq,
+                order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_ptr + row * s_sq,
                           oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, ORDER_NB * KB, False)
 
 
@@ -401,7 +400,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
         raise ValueError(f"the bench kernel holds the row in registers (N <= {sk.RESIDENT_MAX}), got N={n}")
     block, nw, _, _ = sk.row_config(n, q, resident=True)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
-    z = torch.empty((q * Z_UNITS * kb,), dtype=torch.int32, device=scores.device)
+    z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=scores.device)
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
     fr1, fr2 = st.finish_tiers(False, 0)  # the row kernel's

@@ -184,7 +184,8 @@ def zero_first(block: int, resident: bool) -> bool:
     the 16384 register tile. H200, graph replay, 64-4096 rows (two rounds, alternating;
     docs/benchmarks_select_kernel.md, session 13): 0.990-0.995x the time at N = 12000 and 16384
     with random scores (64 x 16384: 30.11 and 29.97 against 30.30 and 30.25 µs), 1.00-1.008x with
-    a short context (refine_row spills more: 136 against 76 bytes); the 8192 tile 1.00-1.01x
+    a short context (the kernel spills 196 against 156 bytes a thread, most of it in refine_row:
+    tools/compile_select_kernels.py --sass "registers 16384" on Triton 3.6); the 8192 tile 1.00-1.01x
     (random), so it keeps the ordering's own zeroing, as do rows read in chunks (not measured)."""
     return resident and block > 8192
 

@@ -309,7 +309,8 @@ def _clustered(kind: str, q: int, n: int, seed: int):
 def test_bucket_order_clustered_keys(kind, path, order):
     """The bucket ordering (radix.order_row) on winners whose keys cluster: its second level
     splits every crowded bucket over its own key range; close_keys: equal scores with distinct
-    ids in the buckets of a key range of 60 decades; exact against both references."""
+    ids in the buckets of a key range of 60 decades; short_context: one bucket of most winners,
+    over many of the second level's groups; exact against both references."""
     _require_kernel()
     for q, n, k in ((2, 3000, 1024), (1, 700, 512)):
         scores, ids = _clustered(kind, q, n, seed=n + k)

@@ -67,6 +67,8 @@ KERNELS.update({
                                                                       **dict(_ROW, ZF=True)), 16),
     "row kernel (registers 8192)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=4096, RESIDENT=True,
                                                          **dict(_ROW, REFINE=sk.refine_min(8192, _RF2))), 16),
+    "row kernel (registers 16384, zeroing in the ordering)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096,
+                                                                                  RESIDENT=True, **dict(_R16, ZF=False)), 16),
     "row kernel (registers 16384, finish 8192)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
                                                                        **dict(_R16, FR2=2 * _RF2)), 16),
     "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, RESIDENT=True, **_ROW), 4),
