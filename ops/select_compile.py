@@ -15,27 +15,43 @@ with the host's C compiler (a subprocess, about 0.25 s each on the H200 host,
 docs/benchmarks_select_kernel.md, session 11). The calls that follow find every kernel compiled
 and loaded.
 
+A launcher's C source depends on the kernel's argument types only (which are pointers, which
+integers of 32 or 64 bits, which constexprs), and Triton keeps built launchers in its cache by
+their source. So where this Triton builds one launcher a kernel (3.6; from 3.8 one generic
+launcher serves every kernel), each kernel's *stand-in* (``stand_in``: the kernel's parameters,
+an empty body) is compiled and loaded in the pool while the kernels compile: a compile of a few
+tenths of a second, whose launcher build then lands in the cache, so a kernel's own load finds
+its launcher built. Before, that build came after the last compile, on the first call's
+critical path (0.33 s of a row plan's 3.40 s in session 11's timeline).
+
 Nothing here is needed for correctness: where this Triton has no ``AsyncCompileMode``, inside
 a CUDA-graph capture, or when a warm-up fails (logged on ``tpflare.select_compile``), the
 calls compile as they launch, as before.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import contextvars
+import inspect
+import linecache
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 log = logging.getLogger("tpflare.select_compile")
 
-__all__ = ["launch", "collecting", "collect", "async_compile_mode", "compile_in_parallel", "load"]
+__all__ = ["launch", "collecting", "collect", "async_compile_mode", "compile_in_parallel", "load", "builds_launchers",
+           "stand_in"]
 
 MAX_THREADS = 16  # compile threads at most (one a kernel, up to the machine's CPUs)
 
 _collect: contextvars.ContextVar = contextvars.ContextVar("tpflare_select_collect", default=None)
+_STAND_INS: dict = {}  # id(kernel) -> (kernel, its stand-in or None)
+_STAND_INS_LOCK = threading.Lock()
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:
@@ -120,6 +136,87 @@ def _leave(active) -> None:
         pass
 
 
+def builds_launchers() -> bool:
+    """Whether this Triton compiles a C launcher for each kernel (Triton 3.6's CUDA driver has
+    ``make_launcher``; from 3.8 one generic launcher serves every kernel)."""
+    try:
+        from triton.backends.nvidia import driver
+    except Exception:  # no Triton, or no CUDA backend
+        return False
+    return callable(getattr(driver, "make_launcher", None))
+
+
+def _stand_in_source(kernel, name: str) -> str | None:
+    # ``def name(<kernel's parameters>): pass``, or None where a parameter is not one a stand-in
+    # can copy (keyword-only, annotated other than tl.constexpr, a default that is not a literal)
+    sig = inspect.signature(kernel.fn)
+    parts = []
+    for p in kernel.params:
+        prm = sig.parameters[p.name]
+        if prm.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            return None
+        if p.is_constexpr:
+            part = f"{p.name}: tl.constexpr"
+        elif prm.annotation is inspect.Parameter.empty:
+            part = p.name
+        else:
+            return None
+        if prm.default is not inspect.Parameter.empty:
+            text = repr(prm.default)
+            try:
+                if ast.literal_eval(text) != prm.default:
+                    return None
+            except (ValueError, SyntaxError):
+                return None
+            part += f" = {text}"
+        parts.append(part)
+    return f"def {name}({', '.join(parts)}):\n    pass\n"
+
+
+def stand_in(kernel):
+    """A Triton kernel with ``kernel``'s parameters (names, order, constexprs and their defaults,
+    those not specialised) and an empty body, made once a kernel; None where ``kernel`` is not a
+    plain ``triton.jit`` kernel or has a parameter a stand-in cannot copy. Launched with the
+    kernel's arguments it has the kernel's argument types, so Triton builds it the launcher the
+    kernel will use (the module docstring)."""
+    key = id(kernel)
+    with _STAND_INS_LOCK:
+        hit = _STAND_INS.get(key)
+        if hit is not None and hit[0] is kernel:
+            return hit[1]
+        made = None
+        try:
+            import triton
+            import triton.language as tl
+
+            if isinstance(kernel, triton.runtime.jit.JITFunction):
+                name = f"tpflare_stand_in_{kernel.fn.__name__}"
+                src = _stand_in_source(kernel, name)
+                if src is not None:
+                    filename = f"<tpflare stand-in of {kernel.fn.__module__}.{kernel.fn.__qualname__}>"
+                    # (Triton's jit reads a kernel's source through inspect, which finds it here)
+                    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+                    namespace = {"tl": tl}
+                    exec(compile(src, filename, "exec"), namespace)
+                    made = triton.jit(namespace[name], do_not_specialize=list(kernel.do_not_specialize),
+                                      do_not_specialize_on_alignment=list(kernel.do_not_specialize_on_alignment))
+        except Exception as e:  # no stand-in: the kernel's load builds its launcher, as before
+            log.debug("tpflare.select_compile: no stand-in for %r (%s: %s)", kernel, type(e).__name__, str(e)[:200])
+            made = None
+        _STAND_INS[key] = (kernel, made)
+        return made
+
+
+def _build_launcher_ahead(ahead, grid, args, kwargs, device) -> bool:
+    # a stand-in compiled (in this pool thread: no async mode here) and loaded, which builds the
+    # launcher its kernel will find in Triton's cache
+    try:
+        return load(ahead.warmup(*args, grid=grid, **kwargs), device)
+    except Exception as e:
+        log.debug("tpflare.select_compile: a stand-in failed (%s: %s)", type(e).__name__, str(e)[:300])
+        return False
+
+
 def _current_device():
     import torch
 
@@ -139,23 +236,34 @@ def compile_in_parallel(calls: Iterable[Callable[[], object]], threads: int | No
         launches = [one for call in calls for one in collect(call)]
         if not launches:
             return 0
-        workers = threads or max(1, min(len(launches), os.cpu_count() or 1, MAX_THREADS))
+        ahead = {}  # id(kernel) -> its stand-in and first launch (launchers built during the compiles)
+        if builds_launchers():
+            for kernel, grid, args, kwargs in launches:
+                if id(kernel) not in ahead and (twin := stand_in(kernel)) is not None:
+                    ahead[id(kernel)] = (twin, grid, args, kwargs)
+        workers = threads or max(1, min(len(launches) + len(ahead), os.cpu_count() or 1, MAX_THREADS))
         device = _current_device()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tpflare-compile") as pool:
             active = mode(pool)
             try:
                 with active:
                     compiled = [kernel.warmup(*args, grid=grid, **kwargs) for kernel, grid, args, kwargs in launches]
+                    built = [pool.submit(_build_launcher_ahead, *one, device) for one in ahead.values()]
             finally:
                 _leave(active)
-            # (the mode's exit waited for every compile); each compiled kernel once (launches of
-            # one specialisation share it), loaded at once
+            # (the mode's exit waited for every compile; a stand-in's compile is short, so its
+            # launcher is built by now, except in a pool of fewer threads than tasks: one not
+            # started is dropped, and its kernel's load builds the launcher, as without it);
+            # each compiled kernel once (launches of one specialisation share it), loaded at once
+            for f in built:
+                f.cancel()
             kernels = {id(k): k for k in map(_result, compiled) if k is not None}
             loaded = sum(pool.map(lambda k: load(k, device), kernels.values()))
+            ahead_built = sum(f.result() for f in built if not f.cancelled())
     except Exception as e:  # the real launches compile (and raise) as they would have
         log.warning("tpflare.select_compile: parallel compile failed (%s: %s); kernels compile as they launch",
                     type(e).__name__, str(e)[:300])
         return 0
-    log.info("tpflare.select_compile: %d launches warmed, %d kernels loaded, in %.2f s (%d threads)", len(launches),
-             loaded, time.perf_counter() - t0, workers)
+    log.info("tpflare.select_compile: %d launches warmed, %d kernels loaded (%d launchers built ahead), in %.2f s "
+             "(%d threads)", len(launches), loaded, ahead_built, time.perf_counter() - t0, workers)
     return len(launches)

@@ -234,6 +234,116 @@ def test_compile_in_parallel_after_a_failed_compile_in_the_pool(caplog, monkeypa
     assert _async_compile.active_mode.get() is None
 
 
+class SlowCompile(FakeKernel):
+    """A kernel whose compile runs in the async mode's pool and takes ``seconds``, as Triton's does."""
+
+    seconds = 0.5
+
+    def warmup(self, *args, grid, **kwargs):
+        import time
+
+        from triton.runtime import _async_compile
+
+        mode = _async_compile.active_mode.get()
+        self.warmed.append((grid, args, kwargs, mode is not None))
+
+        def compile_fn():
+            time.sleep(self.seconds)
+            return self.compiled
+
+        hooks = [lambda kernel: None] * (len(inspect.signature(mode.submit).parameters) - 2)  # finalize (, cleanup)
+        return mode.submit(("key", self.name, len(self.warmed)), compile_fn, *hooks)
+
+
+def _production_kernels():
+    # every Triton kernel of the selection modules (what a plan's first call can launch)
+    import triton
+
+    from tpflare.ops import radix, select_finish, select_kernel, select_staged
+
+    return {f"{m.__name__}.{n}": v for m in (radix, select_finish, select_kernel, select_staged)
+            for n, v in vars(m).items() if isinstance(v, triton.runtime.jit.JITFunction)
+            and not getattr(v, "noinline", False) and v.fn.__module__ == m.__name__
+            and any(p.is_constexpr for p in v.params) and "_kernel" in n}
+
+
+def test_stand_in_copies_each_kernels_parameters():
+    """A stand-in has its kernel's parameters: names in order, which are constexprs and their
+    defaults, which are not specialised (so Triton gives it the kernel's argument types, and
+    Triton 3.6 the kernel's launcher), and an empty body; made once a kernel."""
+    pytest.importorskip("triton")
+    kernels = _production_kernels()
+    assert {"tpflare.ops.select_kernel._row_kernel", "tpflare.ops.radix.bucket_kernel"} <= set(kernels), kernels
+    for name, kernel in kernels.items():
+        twin = sc.stand_in(kernel)
+        assert twin is not None, name
+        assert sc.stand_in(kernel) is twin  # once a kernel
+        assert twin.arg_names == kernel.arg_names and twin.constexprs == kernel.constexprs, name
+        assert [p.do_not_specialize for p in twin.params] == [p.do_not_specialize for p in kernel.params], name
+        assert [p.do_not_specialize_on_alignment for p in twin.params] == \
+            [p.do_not_specialize_on_alignment for p in kernel.params], name
+        assert [(p.has_default, p.default if p.has_default else None) for p in twin.params] == \
+            [(p.has_default, p.default if p.has_default else None) for p in kernel.params], name
+        assert "pass" in twin.src and twin.src.strip().endswith("pass"), twin.src
+    assert any(p.do_not_specialize for p in kernels["tpflare.ops.select_kernel._row_kernel"].params)
+
+
+def test_no_stand_in_for_what_it_cannot_copy():
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    marker = object()
+
+    def with_object_default(x_ptr, B: tl.constexpr = marker):
+        pass
+
+    def with_annotation(x_ptr, n: int, B: tl.constexpr):
+        pass
+
+    def plain(x_ptr, n, B: tl.constexpr, F: tl.constexpr = 0.5):
+        tl.store(x_ptr, n + B)
+
+    assert sc.stand_in(triton.jit(with_object_default)) is None  # a default that is no literal
+    assert sc.stand_in(triton.jit(with_annotation)) is None  # an annotation other than tl.constexpr
+    assert sc.stand_in(FakeKernel("not jit")) is None
+    twin = sc.stand_in(triton.jit(plain, do_not_specialize=["n"]))
+    assert twin is not None and twin.arg_names == ["x_ptr", "n", "B", "F"] and twin.constexprs == [2, 3]
+    assert [p.do_not_specialize for p in twin.params] == [False, True, False, False]
+    assert twin.params[3].default == 0.5 and "tl.store" not in twin.src
+
+
+def test_compile_in_parallel_builds_each_kernels_launcher_ahead(monkeypatch, caplog):
+    """Where Triton builds a launcher a kernel, each kernel's stand-in is compiled (in a pool
+    thread, outside the async mode: at once) and loaded while the kernels compile, once a
+    kernel, with the kernel's first launch's arguments; without such a Triton, no stand-in."""
+    pytest.importorskip("triton")
+    if sc.async_compile_mode() is None:
+        pytest.skip("this Triton has no AsyncCompileMode")
+    a, b = SlowCompile("a"), SlowCompile("b")
+    twins = {id(a): FakeKernel("a's stand-in"), id(b): FakeKernel("b's stand-in")}
+    monkeypatch.setattr(sc, "stand_in", lambda kernel: twins.get(id(kernel)))
+    x = torch.zeros(8, dtype=torch.int32)
+    monkeypatch.setattr(sc, "builds_launchers", lambda: False)
+    assert sc.compile_in_parallel([lambda: two_launches(a, b, x)]) == 2
+    assert not any(t.warmed for t in twins.values())
+    monkeypatch.setattr(sc, "builds_launchers", lambda: True)
+    with caplog.at_level(logging.INFO, logger="tpflare.select_compile"):
+        # (threads: one a task, as on a GPU host; a pool of fewer drops a stand-in not started in time)
+        assert sc.compile_in_parallel([lambda: two_launches(a, b, x), lambda: two_launches(a, b, x)], threads=6) == 4
+    assert "(2 launchers built ahead)" in caplog.text, caplog.text
+    ta, tb = twins[id(a)], twins[id(b)]
+    assert [w[:3] for w in ta.warmed] == [((2, 3), (torch.int32, 7), dict(CA=512, num_warps=4))]
+    assert len(tb.warmed) == 1 and tb.warmed[0][2] == dict(K=5)
+    assert not ta.warmed[0][3] and not tb.warmed[0][3], "a stand-in compiled in the async mode (not at once)"
+    for t in (ta, tb):
+        assert len(t.compiled.loads) == 1 and t.compiled.loads[0].startswith("tpflare-compile"), t.compiled.loads
+    bad = FakeKernel("bad stand-in", fail=True)  # a stand-in that fails costs nothing but the log line
+    twins[id(a)] = bad
+    sc._STAND_INS.clear()
+    assert sc.compile_in_parallel([lambda: two_launches(a, b, x)], threads=4) == 2
+    assert len(a.compiled.loads) == 3
+
+
 def test_compile_in_parallel_of_no_launches():
     assert sc.compile_in_parallel([]) == 0
     assert sc.compile_in_parallel([lambda: None]) == 0

@@ -856,6 +856,41 @@ def test_first_call_compiles_its_plan_at_once(plan, caplog):
     check_equal(got, ref_packed(scores, ids, k), plan)
 
 
+@pytest.mark.parametrize("plan", list(GENERIC))
+def test_stand_ins_have_their_kernels_launchers(plan):
+    """Where Triton builds a C launcher a kernel (3.6), each kernel a plan launches has a
+    stand-in (select_compile.stand_in) that, compiled with the kernel's arguments, has the
+    kernel's argument types, which are all the launcher's C source depends on: the launcher
+    the stand-in builds during the compiles is the one the kernel's load then finds in
+    Triton's cache. And its source is the kernel's, built from both compiled kernels."""
+    from tpflare.ops import select_compile
+
+    _parallel_compile_from_scratch()
+    if not select_compile.builds_launchers():
+        pytest.skip("this Triton launches every kernel through one launcher")
+    from triton.backends.nvidia import driver
+
+    q, n, k, _ = GENERIC[plan][0]
+    scores, ids = make_case("random", q, n, k, seed=q + n, device="cuda")
+    launches = select_compile.collect(lambda: sk.triton_ordered_select(scores, ids, k))
+    seen = set()
+    for kernel, grid, args, kwargs in launches:
+        if id(kernel) in seen:
+            continue
+        seen.add(id(kernel))
+        twin = select_compile.stand_in(kernel)
+        assert twin is not None, kernel
+        real = kernel.warmup(*args, grid=grid, **kwargs)
+        stub = twin.warmup(*args, grid=grid, **kwargs)
+        assert list(stub.src.signature.values()) == list(real.src.signature.values()), kernel
+
+        def source(c):
+            return driver.make_launcher({}, dict(c.src.signature), getattr(c.metadata, "tensordesc_meta", None))
+
+        assert source(stub) == source(real), kernel
+    assert seen
+
+
 def test_precompile_of_several_plans_compiles_them_all():
     """precompile compiles several plans' kernels at once; their shapes then compile nothing."""
     _require_kernel()
