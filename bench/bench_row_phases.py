@@ -104,7 +104,7 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
     # members' keys and positions in the in-bucket count, through global scratch (a store, a
     # barrier and loads; two dependent L2 round trips a step of the count)
-    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB, False)
+    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, KB, False)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
@@ -195,7 +195,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     #   two winners share a key.
     # BV: bucket_counts_v's flags (bit 0 HILO1, bit 1 ZFIRST, bit 2 HISTC).
     if BV == 0:
-        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB, False)
+        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, NB, False)
     else:
         j, live, key, o, bkt, slot, c, lo = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
                                                         (BV >> 2) & 1)
@@ -386,7 +386,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
                 order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_ptr + row * s_sq,
-                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB, SPLIT_AT, ORDER_NB * KB, False)
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, 0, KB, SPLIT_AT, ORDER_NB * KB, False)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,

@@ -555,9 +555,11 @@ if _HAVE_TRITON:
                 refine = (nsel - above < m) & (m > REFINE)
             else:
                 refine = m < 0
+            grouped = refine.to(tl.int32)  # the ordering's first level by groups (radix.bucket_counts)
             compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row,
                          p_row, 0, 0, BLOCK, not ORDER)
         else:  # every pass re-reads the row
+            grouped = 0
             fast = 0
             if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
                 sb_row = sb_ptr + row * CAP
@@ -612,7 +614,7 @@ if _HAVE_TRITON:
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_row, oid_ptr + row * s_oi,
-                      osc_ptr + row * s_os, K, KB, SPLIT, OB, ZF)
+                      osc_ptr + row * s_os, K, grouped, KB, SPLIT, OB, ZF)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
