@@ -104,7 +104,7 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
     # members' keys and positions in the in-bucket count, through global scratch (a store, a
     # barrier and loads; two dependent L2 round trips a step of the count)
-    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, KB, False)
+    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, KB, False, False)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
@@ -195,7 +195,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     #   two winners share a key.
     # BV: bucket_counts_v's flags (bit 0 HILO1, bit 1 ZFIRST, bit 2 HISTC).
     if BV == 0:
-        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, NB, False)
+        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, NB, False, False)
     else:
         j, live, key, o, bkt, slot, c, lo = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
                                                         (BV >> 2) & 1)

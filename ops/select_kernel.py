@@ -190,6 +190,18 @@ def zero_first(block: int, resident: bool) -> bool:
     return resident and block > 8192
 
 
+def group_first(block: int, resident: bool) -> bool:
+    """Whether the row kernel's ordering sends its first level's atomic adds by groups of 32 W
+    slots after the kernel refined its cutoff bin (``GROUP``, radix.group_slots; a runtime flag
+    says whether it refined): the 8192 register tile. H200, graph replay, 64-4096 rows, two
+    rounds alternating (docs/benchmarks_select_kernel.md, session 14): a short context at N =
+    8192 0.92-0.94x the time, random scores 0.99-1.00x; compiled into the 16384 tile it took
+    0.97-1.00x (short) but 1.02-1.03x with random scores at N = 12000 and 16384 (64 x 16384:
+    31.1 against 30.3 µs), so that tile keeps one atomic add a winner. (The 4096 tile never
+    refines; rows read in chunks neither.)"""
+    return resident and 4096 < block <= 8192
+
+
 def register_tile(n: int) -> int:
     """The register tile of a row of ``n <= RESIDENT_MAX`` candidates: 4096, 8192 or 16384 keys."""
     return 4096 if n <= 4096 else 8192 if n <= 8192 else RESIDENT_MAX
@@ -527,7 +539,7 @@ if _HAVE_TRITON:
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                     ORDER: tl.constexpr, REFINE: tl.constexpr, OB: tl.constexpr, SAMPLE: tl.constexpr = 0,
                     CAP: tl.constexpr = 16, SB: tl.constexpr = 16, HITS: tl.constexpr = False,
-                    ZF: tl.constexpr = False):
+                    ZF: tl.constexpr = False, GROUP: tl.constexpr = False):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
@@ -536,7 +548,8 @@ if _HAVE_TRITON:
         # candidates (sb_ptr, CAP a row), when they hold the row's winners, replace the histogram
         # passes and the compaction pass by a register tile; HITS: hit_ptr[row] = 1 where they
         # did, else 0; ZF (with ORDER): the ordering's bucket sizes are zeroed after the
-        # compaction, not by the ordering (its store and barrier before the atomics)
+        # compaction, not by the ordering (its store and barrier before the atomics); GROUP
+        # (with ORDER): after a refinement the ordering's first level adds by groups (group_first)
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -555,7 +568,9 @@ if _HAVE_TRITON:
                 refine = (nsel - above < m) & (m > REFINE)
             else:
                 refine = m < 0
-            grouped = refine.to(tl.int32)  # the ordering's first level by groups (radix.bucket_counts)
+            grouped = 0
+            if GROUP:  # the ordering's first level by groups after a refinement (radix.group_slots)
+                grouped = refine.to(tl.int32)
             compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row,
                          p_row, 0, 0, BLOCK, not ORDER)
         else:  # every pass re-reads the row
@@ -614,7 +629,7 @@ if _HAVE_TRITON:
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_row, oid_ptr + row * s_oi,
-                      osc_ptr + row * s_os, K, grouped, KB, SPLIT, OB, ZF)
+                      osc_ptr + row * s_os, K, grouped, KB, SPLIT, OB, ZF, GROUP)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
@@ -755,7 +770,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
            D=digits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
            REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
            OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, ZF=fused and zero_first(block, resident),
-           num_warps=nw)
+           GROUP=fused and group_first(block, resident), num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, scores=scores)
