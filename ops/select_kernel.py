@@ -381,16 +381,17 @@ if _HAVE_TRITON:
         # and hi differ (the bits above are shared), each step one count over the tile x.
         # MODE 0: x = the score keys, the phase a cutoff bin (base: the candidates above it, so
         # count(x >= c) - base counts the bin's at or above c: no mask tile is held). MODE 1:
-        # x = the ids of the phase's candidates, -1 for the others; the key is the inverted id
-        # 0x7fffffff - id (so the count is of ids <= 0x7fffffff - c). Returns the key.
+        # x = the ids of the phase's candidates, a negative for the others; the key is the inverted
+        # id 0x7fffffff - id (so the count is of ids <= 0x7fffffff - c). Returns the key.
         top, t = shared_bits(lo, hi)
         for j in range(0, top):
             cand = t | (tl.full((), 1, tl.int64) << (top - 1 - j))
             c = (cand - 2147483648).to(tl.int32)
             if MODE == 0:
                 n = tl.sum((x >= c).to(tl.int32), 0) - base
-            else:
-                n = tl.sum(((x >= 0) & (x <= 2147483647 - c)).to(tl.int32), 0)
+            else:  # (as uint32 the others' negatives are above every id: one compare an element)
+                n = tl.sum((x.to(tl.uint32, bitcast=True) <= (2147483647 - c).to(tl.uint32, bitcast=True)).to(tl.int32),
+                           0)
             t = tl.where(n >= need, cand, t)
         return (t - 2147483648).to(tl.int32)
 
@@ -514,7 +515,9 @@ if _HAVE_TRITON:
         if rem < tie:
             vlo, vhi = inverted_range(x)
             IV = 2147483647 - bisect_cut(x, vlo, vhi, 0, rem, 1)
-            c = tl.sum(((x >= 0) & (x <= IV)).to(tl.int32) + (((x >= 0) & (x < IV)).to(tl.int32) << 16), 0)
+            xu = x.to(tl.uint32, bitcast=True)  # (the others' -1 above every id)
+            ivu = IV.to(tl.uint32, bitcast=True)
+            c = tl.sum((xu <= ivu).to(tl.int32) + ((xu < ivu).to(tl.int32) << 16), 0)
             rem = rem - (c >> 16)
             tie = (c & 0xFFFF) - (c >> 16)
             if rem < tie:  # duplicates (score key TS, id IV): by position
