@@ -10,7 +10,10 @@ kernel (Triton's driver built, as in a process that ran an Inductor kernel), the
 the host's C compiler, where this Triton builds one a kernel), and each backend stage; and the
 ``tpflare`` log records of the call. Each
 wrapped call is printed with its thread, start and end, in seconds from the first call's start,
-so the serial parts of the call (those not overlapped by the parallel compile) show.
+so the serial parts of the call (those not overlapped by the parallel compile) show. Where
+Triton builds a launcher a kernel (3.6), each kernel's stand-in (``select_compile.stand_in``)
+shows as a short compile and a ``build:_build`` in another pool thread during the kernel's
+compile, and the kernel's own ``init_handles`` then takes milliseconds (its launcher cached).
 """
 from __future__ import annotations
 
