@@ -7,8 +7,17 @@ The bench kernel ``_row_prefix_kernel`` is the row kernel of ``ops/select_kernel
 resident tile) built from the same helpers, stopped after phase ``STOP`` (0 load and score key,
 2 the cutoff prefix, 3 compaction, 4 finish, 5 ordering = the whole kernel; 1, the first of
 the two histogram passes, only for ``hist``); each prefix writes what it computed, so nothing
-is dead code. Differences between prefixes (CUDA-graph replay) are the phases' costs.
+is dead code. Differences between prefixes (CUDA-graph replay) are the phases' costs. Like
+the production kernel (since session 14 of 2026-12-03), a cutoff bin beyond
+``select_kernel.refine_min`` is refined on the tile in phase 4 (``refine_row``), and the
+ordering zeroes its bucket sizes early (16384 tile) and adds by groups after a refinement (8192
+tile), so a mass tie (``--patterns short``) times the production kernel's phases; up to session
+13 the bench kernel sent every bin to the finish (variant ``norefine``), and its ``short``
+phases did not add up to the production kernel's time.
 Variants (bench only; each full kernel is checked bit for bit against the production kernel):
+
+* ``norefine``: every cutoff bin to the finish (its chunks beyond its registers), the
+  ordering's zeroing and first level its own (the bench kernel up to session 13);
 
 * ``hist``: the cutoff prefix from two 6-bit ``tl.histogram`` passes (production up to
   f08fc80) where the production kernel bisects (``select_kernel.cutoff_search``);
@@ -310,8 +319,11 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
                        BLOCK: tl.constexpr, KB: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
                        FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr,
                        HIST: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
-                       OSTOP: tl.constexpr, HALVING: tl.constexpr = False):
-    # select_kernel._row_kernel (resident tile) up to phase STOP
+                       OSTOP: tl.constexpr, HALVING: tl.constexpr = False, REFINE: tl.constexpr = 0,
+                       ZF: tl.constexpr = False, GROUP: tl.constexpr = False, MMAX: tl.constexpr = 0):
+    # select_kernel._row_kernel (resident tile) up to phase STOP; REFINE, ZF, GROUP, MMAX: the
+    # production kernel's (its cutoff bin refined on the tile, its ordering's zeroing and first
+    # level, the finish's largest bin), so a mass tie's phases are the production kernel's
     row = tl.program_id(0).to(tl.int64)
     sc_row = sc_ptr + row * s_sq
     id_row = id_ptr + row * s_iq
@@ -336,7 +348,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
             else:
                 rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                             cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                            FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP)
+                            FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP, REFINE, ZF, GROUP, MMAX)
     else:
         if HALVING:
             nsel, P, above, m = cutoff_search_halving(s, K)
@@ -348,7 +360,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
         else:
             rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                         cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                        FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP)
+                        FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP, REFINE, ZF, GROUP, MMAX)
 
 
 @triton.jit
@@ -356,25 +368,40 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                 z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK: tl.constexpr, KB: tl.constexpr,
                 D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr,
                 SCAN1D: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
-                OSTOP: tl.constexpr):
-    # the phases after the cutoff prefix: compaction (3), finish (4), ordering (5; ORDV > 0 or
-    # OSTOP < 5: order_row_v, ORDV bit 0 LKEYS, bit 1 SCATTER, bit 2 WVLOAD, bit 3 TWOKEY, bits 4-6
-    # bucket_counts_v's HILO1, ZFIRST, HISTC, stopped after its sub-phase OSTOP)
+                OSTOP: tl.constexpr, REFINE: tl.constexpr, ZF: tl.constexpr, GROUP: tl.constexpr,
+                MMAX: tl.constexpr):
+    # the phases after the cutoff prefix: compaction (3), finish or refinement (4), ordering (5;
+    # ORDV > 0 or OSTOP < 5: order_row_v, ORDV bit 0 LKEYS, bit 1 SCATTER, bit 2 WVLOAD, bit 3
+    # TWOKEY, bits 4-6 bucket_counts_v's HILO1, ZFIRST, HISTC, stopped after its sub-phase OSTOP).
+    # A cutoff bin of more than REFINE candidates (0: none) is refined on the tile
+    # (select_kernel.refine_row), as in the production kernel
     wk_row = wk_ptr + row * KB
     wv_row = wv_ptr + row * KB
     wo_row = wo_ptr + row * KB
     p_row = p_ptr + row * N
     o = tl.arange(0, BLOCK)
+    if REFINE > 0:
+        refine = (nsel - above < m) & (m > REFINE)
+    else:
+        refine = m < 0
     if SCAN1D:
         compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row)
     else:  # W gets the score bits where the ordering reads them
-        sk.compact_tile(s, b, i, o, P, all_in, 1, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK, SCRATCH or (ORDV & 4) > 0)
+        sk.compact_tile(s, b, i, o, P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK,
+                        SCRATCH or (ORDV & 4) > 0)
     if STOP == 3:
         tl.store(cnt_ptr + row, nsel)
     else:
+        if STOP == 5 and ZF:
+            tl.store(z_ptr + row * (ORDER_SCRATCH * KB) + tl.arange(0, ORDER_NB * KB),
+                     tl.zeros([ORDER_NB * KB], dtype=tl.int32))
         tl.debug_barrier()
-        finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel,
-                   above, m, KB, D, CH, FR1, FR2)
+        if refine:
+            sk.refine_row(sc_ptr + row * s_sq, id_ptr + row * s_iq, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N,
+                          nsel, above, P, BLOCK, KB)
+        else:
+            finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel,
+                       above, m, KB, D, CH, FR1, FR2, MMAX)
         if STOP == 5:
             tl.debug_barrier()
             if ORDV > 0 or OSTOP < 5:
@@ -385,15 +412,21 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                 order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
+                grouped = 0
+                if GROUP:
+                    grouped = refine.to(tl.int32)
                 order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_ptr + row * s_sq,
-                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, 0, KB, SPLIT_AT, ORDER_NB * KB, False)
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, grouped, KB, SPLIT_AT, ORDER_NB * KB, ZF, GROUP)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
-               scratch=False, split_at=None, ordv=0, ostop=5, halving=False):
+               scratch=False, split_at=None, ordv=0, ostop=5, halving=False, refine=True):
     """The row kernel (resident tile) up to phase ``stop``; returns (ids, scores) at stop 5.
     ``split``: the row kernel stops after the finish and ``radix.bucket_kernel`` (``split_warps``
-    warps, at most ``maxnreg`` registers a thread) orders the winners."""
+    warps, at most ``maxnreg`` registers a thread) orders the winners. ``refine``: a cutoff bin
+    beyond ``select_kernel.refine_min`` is refined on the tile, and the ordering zeroes and adds
+    as the production kernel's does (``zero_first``, ``group_first``); False: every bin goes to
+    the finish (the bench kernel up to session 13)."""
     q, n = scores.shape
     kb = max(2, st.next_pow2(k))
     if n > sk.RESIDENT_MAX:
@@ -404,11 +437,17 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
     fr1, fr2 = st.finish_tiers(False, 0)  # the row kernel's
+    prod = refine and not split and not scratch and ordv == 0 and ostop == 5  # the production ordering
+    ref = sk.refine_min(block, fr2) if refine and block > fr2 else 0
+    # the finish's largest bin, as production compiles it (no chunks where no bin needs them)
+    mmax = (fr2 if ref == fr2 else block if ref == 0 else 0) if refine else 0
     _row_prefix_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0),
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
                              FR1=fr1, FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
                              SPLIT_AT=SPLIT.value if split_at is None else int(split_at), ORDV=int(ordv),
-                             OSTOP=int(ostop), HALVING=bool(halving), num_warps=nw)
+                             OSTOP=int(ostop), HALVING=bool(halving), REFINE=ref,
+                             ZF=prod and sk.zero_first(block, True), GROUP=prod and sk.group_first(block, True),
+                             MMAX=mmax, num_warps=nw)
     if split:
         bucket_kernel[(q,)](wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
                             out_sc.stride(0), KB=kb, num_warps=split_warps,
@@ -454,7 +493,7 @@ def ptx_counts(arch: int = 90) -> int:
         print(f"{'scan1d' if scan1d else 'default'}: to +compact {sum(c3.values())}; the compaction adds "
               f"{sum(c3.values()) - sum(cut.values())} (most added: {top})")
     return 0
-VARIANTS = {"default": {}, "scan1d": dict(scan1d=True), "hist": dict(hist=True), "scratch": dict(scratch=True),
+VARIANTS = {"default": {}, "norefine": dict(refine=False), "scan1d": dict(scan1d=True), "hist": dict(hist=True), "scratch": dict(scratch=True),
             "f08fc80": dict(hist=True, scratch=True),
             "sub4": dict(split_at=4), "sub8": dict(split_at=8),
             "split16": dict(split=True, split_warps=16),
