@@ -107,14 +107,23 @@ def load(compiled, device=None) -> bool:
         kernel = _result(compiled)
         if kernel is None:  # (a warm-up that compiled nothing)
             return False
-        import torch
-
-        with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+        with _on_device(device):
             getattr(kernel, "run")
         return True
     except Exception as e:  # the kernel's first launch loads it, as without this
         log.debug("tpflare.select_compile: loading a kernel failed (%s: %s)", type(e).__name__, str(e)[:300])
         return False
+
+
+def _on_device(device):
+    # CUDA device ``device`` (an index) current in this thread, None: the thread's own (a pool
+    # thread's is device 0 whatever the caller's, so everything a pool thread asks of the
+    # device runs under this)
+    if device is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.device(device)
 
 
 def _result(compiled):
@@ -208,10 +217,11 @@ def stand_in(kernel):
 
 
 def _build_launcher_ahead(ahead, grid, args, kwargs, device) -> bool:
-    # a stand-in compiled (in this pool thread: no async mode here) and loaded, which builds the
-    # launcher its kernel will find in Triton's cache
+    # a stand-in compiled (in this pool thread: no async mode here; on the caller's device, whose
+    # target Triton reads) and loaded, which builds the launcher its kernel will find in Triton's cache
     try:
-        return load(ahead.warmup(*args, grid=grid, **kwargs), device)
+        with _on_device(device):
+            return load(ahead.warmup(*args, grid=grid, **kwargs), device)
     except Exception as e:
         log.debug("tpflare.select_compile: a stand-in failed (%s: %s)", type(e).__name__, str(e)[:300])
         return False

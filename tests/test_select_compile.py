@@ -1,11 +1,12 @@
 """ops/select_compile.py on the CPU: launches collected (never launched), tensors handed to
 ``warmup`` as their dtypes where they specialise alike, every collected launch warmed inside
 Triton's own ``AsyncCompileMode`` with a thread pool, and the fallbacks (no such mode, a failed
-warm-up) leaving the calls to compile as they launch. Stand-in kernels record what they get; the
+warm-up) leaving the calls to compile as they launch. Fake kernels record what they get; the
 real kernels' parallel compile runs on the GPU machine (tests/test_select_kernel_gpu.py,
 ``test_parallel_compile_compiles_what_the_call_launches``)."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -322,6 +323,23 @@ def test_compile_in_parallel_builds_each_kernels_launcher_ahead(monkeypatch, cap
     a, b = SlowCompile("a"), SlowCompile("b")
     twins = {id(a): FakeKernel("a's stand-in"), id(b): FakeKernel("b's stand-in")}
     monkeypatch.setattr(sc, "stand_in", lambda kernel: twins.get(id(kernel)))
+    on_device = threading.local()  # the device a pool thread has current (sc._on_device), by thread
+    monkeypatch.setattr(sc, "_current_device", lambda: 3)
+
+    @contextlib.contextmanager
+    def fake_device(device):
+        before = getattr(on_device, "d", None)
+        on_device.d = device
+        try:
+            yield
+        finally:
+            on_device.d = before
+
+    monkeypatch.setattr(sc, "_on_device", fake_device)
+    t_dev = []
+    for t in twins.values():  # each stand-in's warm-up records the device current in its thread
+        t.warmup = (lambda w: lambda *a, grid, **kw: (t_dev.append(getattr(on_device, "d", None)),
+                                                        w(*a, grid=grid, **kw))[1])(t.warmup)
     x = torch.zeros(8, dtype=torch.int32)
     monkeypatch.setattr(sc, "builds_launchers", lambda: False)
     assert sc.compile_in_parallel([lambda: two_launches(a, b, x)]) == 2
@@ -337,6 +355,7 @@ def test_compile_in_parallel_builds_each_kernels_launcher_ahead(monkeypatch, cap
     assert not ta.warmed[0][3] and not tb.warmed[0][3], "a stand-in compiled in the async mode (not at once)"
     for t in (ta, tb):
         assert len(t.compiled.loads) == 1 and t.compiled.loads[0].startswith("tpflare-compile"), t.compiled.loads
+    assert t_dev == [3, 3], "a stand-in compiled off the caller's device (a pool thread's own is device 0)"
     bad = FakeKernel("bad stand-in", fail=True)  # a stand-in that fails costs nothing but the log line
     twins[id(a)] = bad
     sc._STAND_INS.clear()
