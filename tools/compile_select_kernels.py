@@ -15,6 +15,8 @@ compile. ``--functions`` adds the PTX instruction lines of the kernel and of eac
 device function. ``--sass`` adds the SASS's instruction count and its spill stores / loads (STL / LDL, from the
 bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own;
 ``--consts OB=2048,REFINE=16384`` overrides constexprs (a variant against the production kernel).
+``--profile`` adds where Triton's Python front end spent the compile (cProfile: the code
+generator's seconds, the jit functions it generated, the functions with most time of their own).
 ``--threads`` compiles the selected kernels at once, one thread each, and prints the
 wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
 Triton releases the GIL in parts of its pipeline).
@@ -198,6 +200,23 @@ def ptx_functions(ptx: str) -> str:
     return ", ".join(f"{n} {c}" for n, c in sorted(sizes.items(), key=lambda x: -x[1]))
 
 
+def front_end_profile(prof, top: int = 6) -> str:
+    """Where Triton's Python front end spent a compile (``--profile``): the code generator's
+    seconds (``ast_to_ttir``), how many jit functions it generated (``call_JitFunction``), and the
+    functions with the most time of their own."""
+    import pstats
+
+    st = pstats.Stats(prof)
+    gen = {name: (nc, tt, ct) for (path, _, name), (_, nc, tt, ct, _) in st.stats.items()
+           if path.endswith("code_generator.py") and name in ("ast_to_ttir", "call_JitFunction")}
+    own = sorted(((tt, f"{path.rsplit('/', 1)[-1]}:{name}") for (path, _, name), (_, _, tt, _, _) in st.stats.items()
+                  if path != "~"), reverse=True)[:top]  # (Python functions; "~": C calls, the backend's stages)
+    ast_s = gen.get("ast_to_ttir", (0, 0.0, 0.0))[2]
+    calls = gen.get("call_JitFunction", (0, 0.0, 0.0))[0]
+    return (f"     front end: code generator (ast_to_ttir) {ast_s:.2f} s, {calls} jit-function calls; most own time: "
+            + ", ".join(f"{n} {t:.2f} s" for t, n in own))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (H100/H200: 90)")
@@ -208,6 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--functions", action="store_true", help="also the PTX instruction lines of each function")
     ap.add_argument("--consts", default="", help="NAME=INT,... constexprs that override each selected kernel's "
                                                 "(a kernel without such a parameter is compiled as it is)")
+    ap.add_argument("--profile", action="store_true", help="also where the Python front end's time goes (cProfile)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     over = dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in a.consts.split(",") if kv)
@@ -219,10 +239,19 @@ def main(argv=None) -> int:
             continue
         t0 = time.time()
         stages = {} if a.stages else None
+        prof = None
+        if a.profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         try:
             k = compile_one(fn, dict(consts, **{c: v for c, v in over.items() if c in fn.arg_names}),
                             a.num_warps or nw, a.arch, stages)
             dt = time.time() - t0
+            if prof is not None:
+                prof.disable()
+                print(front_end_profile(prof), flush=True)
             by_stage = ""
             if stages:
                 by_stage = " (" + ", ".join(f"{n} {v:.2f}" for n, v in stages.items()) + \
