@@ -341,11 +341,11 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB: tl.constexpr, NB: tl
     if not ZEROED:
         tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
         tl.debug_barrier()
-    if GROUP:  # (compiled for the tiles that gain: select_kernel.group_first)
-        if grouped:
-            slot = group_slots(z_row, bkt, live, j, KB, NB)
-        else:
-            slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+    by_groups = 0  # (a constant where GROUP is off: no grouped code compiled; select_kernel.group_first)
+    if GROUP:
+        by_groups = grouped
+    if by_groups:
+        slot = group_slots(z_row, bkt, live, j, KB, NB)
     else:
         slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
