@@ -498,7 +498,8 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, grouped,
     # rows of 16384 (bench/bench_row_phases.py, variant scratch): 0.310 against 0.335 ms.
     # The output: write_ordered (score bits from the keys, W holds none; sc_row: the row's
     # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32; ZEROED: its first NB are
-    # zero already (the row kernel zeroed them after its compaction: no store and barrier here).
+    # zero already (the row kernel zeroed them after its compaction: no store and barrier here);
+    # grouped (a runtime flag, read where GROUP): the first level adds by groups (bucket_counts).
     j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB, NB, ZEROED, GROUP)
     big = tl.max(c, 0)
     off, cb = offsets_sizes(c, bkt, live)
