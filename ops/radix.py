@@ -301,6 +301,12 @@ def bit_length(x):
 
 
 @triton.jit
+def over_groups(v, G: tl.constexpr, KB: tl.constexpr):
+    # one value a group of G consecutive lanes (v: [KB // G]) spread over the group's lanes: [KB]
+    return tl.reshape(tl.broadcast_to(v[:, None], [KB // G, G]), [KB])
+
+
+@triton.jit
 def group_slots(z_row, bkt, live, j, KB: tl.constexpr, NB: tl.constexpr):
     # each winner's slot in its bucket (bkt; z_row: the bucket sizes) by atomic adds: one for a
     # group of G = 32 W slots whose live winners share a bucket (its lane 0 adds the group's
@@ -309,13 +315,13 @@ def group_slots(z_row, bkt, live, j, KB: tl.constexpr, NB: tl.constexpr):
     l2 = tl.reshape(live, [KB // G, G])
     b2 = tl.reshape(bkt, [KB // G, G])
     one = tl.max(tl.where(l2, b2, -1), 1) == tl.min(tl.where(l2, b2, NB), 1)  # (a group's live winners: a prefix)
-    uni = tl.reshape(tl.broadcast_to(one[:, None], [KB // G, G]), [KB])
-    n = tl.reshape(tl.broadcast_to(tl.sum(l2.to(tl.int32), 1)[:, None], [KB // G, G]), [KB])
+    uni = over_groups(one, G, KB)
+    n = over_groups(tl.sum(l2.to(tl.int32), 1), G, KB)
     lane = j % G
     got = tl.atomic_add(z_row + bkt, tl.where(uni, n, 1), mask=live & ((uni == 0) | (lane == 0)), sem="relaxed",
                         scope="cta")
     base = tl.sum(tl.where(tl.reshape(lane == 0, [KB // G, G]), tl.reshape(got, [KB // G, G]), 0), 1)
-    return tl.where(uni, tl.reshape(tl.broadcast_to(base[:, None], [KB // G, G]), [KB]) + lane, got)
+    return tl.where(uni, over_groups(base, G, KB) + lane, got)
 
 
 @triton.jit
@@ -388,8 +394,8 @@ def split_buckets(key, live, off, cb, slot, j, z_row, KB: tl.constexpr):
     lead = tl.broadcast_to(tl.min(tl.reshape(moff, [KB // G, G]), 1)[:, None], [KB // G, G])
     first = tl.reshape(moff, [KB // G, G]) == lead  # in the group's first bucket
     k2 = tl.reshape(mkey, [KB // G, G])
-    gmax = tl.reshape(tl.broadcast_to(tl.max(tl.where(first, k2, -1), 1)[:, None], [KB // G, G]), [KB])
-    gmin = tl.reshape(tl.broadcast_to(tl.min(tl.where(first, k2, 9223372036854775807), 1)[:, None], [KB // G, G]), [KB])
+    gmax = over_groups(tl.max(tl.where(first, k2, -1), 1), G, KB)
+    gmin = over_groups(tl.min(tl.where(first, k2, 9223372036854775807), 1), G, KB)
     first = tl.reshape(first, [KB])
     send = live & ((first == 0) | (j % G == 0))  # (position j: a group's first is in its first bucket)
     tl.atomic_max(yh + moff, tl.where(first, gmax, mkey), mask=send, sem="relaxed", scope="cta")
