@@ -16,8 +16,9 @@ tile), so a mass tie (``--patterns short``) times the production kernel's phases
 phases did not add up to the production kernel's time.
 Variants (bench only; each full kernel is checked bit for bit against the production kernel):
 
-* ``norefine``: every cutoff bin to the finish (its chunks beyond its registers), the
-  ordering's zeroing and first level its own (the bench kernel up to session 13);
+* ``norefine``: every cutoff bin to the finish (its chunks beyond its registers), no
+  refinement compiled, the ordering's zeroing and first level its own (the bench kernel up to
+  session 13; its cubin at the finish the same size as that kernel's on today's helpers);
 
 * ``hist``: the cutoff prefix from two 6-bit ``tl.histogram`` passes (production up to
   f08fc80) where the production kernel bisects (``select_kernel.cutoff_search``);
@@ -380,14 +381,15 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
     wo_row = wo_ptr + row * KB
     p_row = p_ptr + row * N
     o = tl.arange(0, BLOCK)
+    refine = False  # (a constant where REFINE is 0: no refinement compiled)
+    keep = 1
     if REFINE > 0:
         refine = (nsel - above < m) & (m > REFINE)
-    else:
-        refine = m < 0
+        keep = 1 - refine.to(tl.int32)
     if SCAN1D:
         compact_scan1d(s, b, i, o, P, all_in, wk_row, wv_row, wo_row, p_row)
     else:  # W gets the score bits where the ordering reads them
-        sk.compact_tile(s, b, i, o, P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK,
+        sk.compact_tile(s, b, i, o, P, all_in, keep, wk_row, wv_row, wo_row, p_row, 0, 0, BLOCK,
                         SCRATCH or (ORDV & 4) > 0)
     if STOP == 3:
         tl.store(cnt_ptr + row, nsel)
