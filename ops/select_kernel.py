@@ -285,9 +285,18 @@ def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, i
 
 
 if _HAVE_TRITON:
-    from .radix import (ORDER_SCRATCH, SPLIT, generic_jit, load_chunk, order_row, order_winners, pick_digit, put_keys,
-                        put_winners, scan_slots, score_key, shared_bits, top_digit, winner_workspace)
+    from .radix import (ORDER_SCRATCH, SPLIT, bit_length, generic_jit, load_chunk, order_row, order_winners, pick_digit,
+                        put_keys, put_winners, scan_slots, score_key, shared_bits, top_digit, winner_workspace)
     from .select_finish import finish_row
+
+    # refine_row cuts a tie at the cutoff score by id (and duplicates by position) with
+    # smallest_cut, two values a compare, in register tiles up to this size, and with bisect_cut
+    # beyond. H200, graph replay, 64-4096 rows, N = 8192 (docs/benchmarks_select_kernel.md,
+    # session 15): a short context 0.968-0.972x the time, random scores 0.996-0.998x, ties
+    # 1.002-1.006x; in the 16384 tile short took 0.965-0.974x but random 1.017-1.039x (the
+    # kernel's body allocated otherwise; 64 x 16384: 31.0 against 29.8 µs), so that tile keeps
+    # bisect_cut (the same SASS as before, Triton 3.6).
+    PACKED_CUT_MAX = tl.constexpr(8192)
 
     @triton.jit
     def top12_valid(s):
@@ -396,6 +405,41 @@ if _HAVE_TRITON:
         return (t - 2147483648).to(tl.int32)
 
     @triton.jit
+    def smallest_cut(x, need):
+        # the need-th smallest of the x >= 0 (the ids or positions of a phase's candidates; -1 for
+        # the others; 1 <= need <= their count), as bisect_cut MODE 1 finds it, in fewer
+        # compares: with d = x - min over the phase, the largest t with count(d < t) < need, bit
+        # by bit from the highest bit of the range. The steps above the lowest 14 bits count d
+        # directly; the last 14 (all of them for ids or positions spanning < 2**14) count two
+        # candidates a compare, as cutoff_search does: e = d - base (base: t's bits above the
+        # 14; 0x3FFF for d outside the window, never counted) of candidates c and c + T / 2 in
+        # the 16-bit halves of an int32, so (0x3FFF + c) - e has bit 14 set where e < c; the
+        # candidates below the window are counted once (below).
+        T: tl.constexpr = x.shape[0]
+        xmin = tl.min(tl.where(x >= 0, x, 2147483647), 0)
+        d = tl.where(x >= 0, x - xmin, 2147483647)
+        nb = bit_length(tl.max(x, 0) - xmin).to(tl.int32)  # (one too many at worst: a step that keeps t)
+        t = xmin * 0
+        below = t  # count(d < t)
+        for j in range(0, nb - 14):
+            cand = t | (1 << (nb - 1 - j))
+            n = tl.sum((d < cand).to(tl.int32), 0)
+            t = tl.where(n < need, cand, t)
+            below = tl.where(n < need, n, below)
+        base = t
+        e = tl.where((d >= base) & (d - base < 16383), d - base, 16383)
+        ea, eb = tl.split(tl.permute(tl.reshape(e, [2, T // 2]), (1, 0)))
+        xe = ea | (eb << 16)
+        lb = tl.minimum(nb, 14)
+        for j in range(0, lb):
+            cand = t | (1 << (lb - 1 - j))
+            v = 16383 + (cand - base)
+            n = tl.sum(((v | (v << 16)) - xe) >> 14 & 0x10001, 0)
+            n = (n & 0xFFFF) + (n >> 16) + below
+            t = tl.where(n < need, cand, t)
+        return xmin + t
+
+    @triton.jit
     def inverted_range(x):
         # the smallest and largest inverted key 0x7fffffff - x of the x >= 0 (ids, positions)
         return 2147483647 - tl.max(x, 0), 2147483647 - tl.min(tl.where(x >= 0, x, 2147483647), 0)
@@ -492,7 +536,8 @@ if _HAVE_TRITON:
         # finish's registers: instead of passes over the in-play list in chunks, the row is read
         # again as a tile and the cutoff found on it by bisection: the score key TS among the
         # bin's candidates; when more tie at TS than are wanted, the id IV among those; when
-        # duplicates of IV tie, the position OP. The row is read once: the score keys and the
+        # duplicates of IV tie, the position OP (up to PACKED_CUT_MAX by smallest_cut, two
+        # candidates a compare, else by bisect_cut). The row is read once: the score keys and the
         # ids are held through the score key's bisection, then the score keys and the ids at TS
         # (the winners' mask needs no other id), then their positions. (Up to session 6 of
         # 2026-12-02 one tile was held at a time and the row read three times: the ids at TS,
@@ -513,8 +558,11 @@ if _HAVE_TRITON:
         OP = IV
         x = tl.where(s == TS, i, -1)  # the ids at TS (valid, so >= 0), -1 elsewhere
         if rem < tie:
-            vlo, vhi = inverted_range(x)
-            IV = 2147483647 - bisect_cut(x, vlo, vhi, 0, rem, 1)
+            if BLOCK <= PACKED_CUT_MAX:
+                IV = smallest_cut(x, rem)
+            else:
+                vlo, vhi = inverted_range(x)
+                IV = 2147483647 - bisect_cut(x, vlo, vhi, 0, rem, 1)
             xu = x.to(tl.uint32, bitcast=True)  # (the others' -1 above every id)
             ivu = IV.to(tl.uint32, bitcast=True)
             c = tl.sum((xu <= ivu).to(tl.int32) + ((xu < ivu).to(tl.int32) << 16), 0)
@@ -522,8 +570,11 @@ if _HAVE_TRITON:
             tie = (c & 0xFFFF) - (c >> 16)
             if rem < tie:  # duplicates (score key TS, id IV): by position
                 xp = tl.where(x == IV, o, -1)
-                plo, phi = inverted_range(xp)
-                OP = 2147483647 - bisect_cut(xp, plo, phi, 0, rem, 1)
+                if BLOCK <= PACKED_CUT_MAX:
+                    OP = smallest_cut(xp, rem)
+                else:
+                    plo, phi = inverted_range(xp)
+                    OP = 2147483647 - bisect_cut(xp, plo, phi, 0, rem, 1)
         win = (s != -2147483648) & (top_digit(s, 12) == P)
         win = win & ((s > TS) | ((s == TS) & ((x < IV) | ((x == IV) & (o <= OP)))))
         incl, tot = scan_slots(win.to(tl.int32), BLOCK)

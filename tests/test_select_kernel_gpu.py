@@ -403,6 +403,55 @@ def test_row_refine_every_bin(kind):
         check_equal(got, ref_packed(scores, ids, k), f"{kind} n={n} k={k} refine=0")
 
 
+if sk._HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _smallest_cut_kernel(x_ptr, need_ptr, out_ptr, T: tl.constexpr):
+        # one program a case: select_kernel.smallest_cut over a tile of T values
+        row = tl.program_id(0)
+        x = tl.load(x_ptr + row * T + tl.arange(0, T))
+        tl.store(out_ptr + row, sk.smallest_cut(x, tl.load(need_ptr + row)))
+
+
+def test_smallest_cut_against_python():
+    """``select_kernel.smallest_cut`` (the refinement's id and position cut: bisection steps on the
+    values above the lowest 14 bits, then two values a compare in a 14-bit window) against a
+    plain Python sort: values spanning less than, exactly and just over 2**14, spanning
+    2**31 - 1, duplicates, the others' -1 among them, one value, need 1 and need = all, and cuts
+    at the window's edges."""
+    _require_kernel()
+    T = 1024
+    g = torch.Generator().manual_seed(11)
+    cases = []  # (values, need)
+
+    def add(vals, needs):
+        x = torch.full((T,), -1, dtype=torch.int64)
+        pos = torch.randperm(T, generator=g)[: len(vals)]
+        x[pos] = torch.tensor(vals, dtype=torch.int64)
+        for need in needs:
+            cases.append((x.clone(), need))
+
+    for lo, span in ((0, 100), (5, 16383), (7, 16384), (3, 16385), (123456, 70000), (0, 2**31 - 1),
+                     (2**31 - 40000, 39999), (2**30, 2**14 - 2)):
+        vals = [lo, lo + span] + (lo + torch.randint(0, span + 1, (500,), generator=g)).tolist()
+        n = len(vals)
+        add(vals, [1, 2, n // 3, n // 2, n - 1, n])
+    # a window edge: the cut's value with 2**14 - 1 or 2**14 above the smallest
+    add([0, 16382, 16383, 16384, 16385, 40000], [1, 2, 3, 4, 5, 6])
+    add([9] * 300 + [10] * 300 + [2**20], [1, 300, 301, 600, 601])  # duplicates
+    add([77], [1])  # one value
+    add(list(range(T)), [1, 517, T])  # every lane, no -1
+    x = torch.stack([c[0] for c in cases]).to(torch.int32)
+    need = torch.tensor([c[1] for c in cases], dtype=torch.int32)
+    dev = _device()
+    out = torch.empty(len(cases), dtype=torch.int32, device=dev)
+    _smallest_cut_kernel[(len(cases),)](x.to(dev), need.to(dev), out, T=T)
+    want = [sorted(v for v in c[0].tolist() if v >= 0)[c[1] - 1] for c in cases]
+    assert out.cpu().tolist() == want
+
+
 # the sampled cutoff of rows re-read in chunks (select_kernel.sample_config): small samples and
 # tiles forced at small rows (several chunks, a row length not a power of two), the defaults
 # beyond RESIDENT_MAX, and 32 warps with chunks of 8192 (an option)
