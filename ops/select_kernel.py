@@ -47,8 +47,9 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   in-play list on the score key, then the id, then the position, appends the still-needed
   winners to ``W``. The 8192 and 16384 tiles refine a cutoff bin of more than ``refine_min``
   on the tile instead (``refine_row``: the same three keys by bisection, one count over the
-  tile a bit; such a bin is not put in play): a mass tie, such as a short context padded with
-  ``-inf`` scores and valid ids.
+  tile a bit, in the 8192 tile two candidates a compare for the id and the position,
+  ``smallest_cut``; such a bin is not put in play): a mass tie, such as a short context padded
+  with ``-inf`` scores and valid ids.
 * Ordering in the same program (``radix.order_row``): bucket rank of the winners (offsets,
   sizes and the members' keys from registers, ``tl.gather``), so no ``torch.sort`` runs after
   the kernel; the output in order (coalesced stores), the score bits rebuilt from the keys (a
