@@ -1,6 +1,6 @@
 """Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
 
-    python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [--sass] [--num-warps W] [name ...]
+    python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [--sass [--sass-out DIR]] [--num-warps W] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
@@ -12,8 +12,10 @@ what the kernels compute. Names select kernels by substring. ``--stages`` adds t
 each stage of the pipeline (the rest of the total is Triton's Python front end). Every run
 compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
 compile. ``--functions`` adds the PTX instruction lines of the kernel and of each noinline
-device function. ``--sass`` adds the SASS's instruction count and its spill stores / loads (STL / LDL, from the
-bundled cuobjdump); ``--num-warps`` compiles with other warps than each kernel's own;
+device function. ``--sass`` adds the SASS's instruction count, a digest of its text (instructions without
+addresses and encodings: two trees whose digests are equal compiled the same code, so a timing
+of one holds for the other) and its spill stores / loads (STL / LDL, from the bundled
+cuobjdump); ``--sass-out DIR`` writes each kernel's SASS text there, for a diff; ``--num-warps`` compiles with other warps than each kernel's own;
 ``--consts OB=2048,REFINE=16384`` overrides constexprs (a variant against the production kernel).
 ``--profile`` adds where Triton's Python front end spent the compile (cProfile: the code
 generator's seconds, the jit functions it generated, the functions with most time of their own).
@@ -177,12 +179,25 @@ def sass_instructions(cubin: bytes) -> list[str]:
     return [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
 
 
-def sass_spills(cubin: bytes) -> str:
-    """Instructions of the kernel's SASS and its local-memory (spill) stores and loads."""
+def sass_text(lines: list[str]) -> str:
+    """SASS instructions without their addresses and encodings, one a line: two trees compiled
+    the same code where these texts are equal."""
+    return "".join(re.sub(r"^\s+/\*[0-9a-f]+\*/\s+", "", ln).split(";")[0].rstrip() + "\n" for ln in lines)
+
+
+def sass_spills(cubin: bytes, out: str | None = None) -> str:
+    """Instructions of the kernel's SASS, a digest of their text (``sass_text``) and its
+    local-memory (spill) stores and loads; ``out``: a file that receives the text."""
+    import hashlib
+
     lines = sass_instructions(cubin)
+    text = sass_text(lines)
+    if out:
+        with open(out, "w") as fh:
+            fh.write(text)
     stl = sum(" STL" in ln for ln in lines)
     ldl = sum(" LDL" in ln for ln in lines)
-    return f"SASS {len(lines)} instructions, {stl} STL / {ldl} LDL"
+    return f"SASS {len(lines)} instructions (text sha1 {hashlib.sha1(text.encode()).hexdigest()[:12]}), {stl} STL / {ldl} LDL"
 
 
 def ptx_functions(ptx: str) -> str:
@@ -217,12 +232,23 @@ def front_end_profile(prof, top: int = 6) -> str:
             + ", ".join(f"{n} {t:.2f} s" for t, n in own))
 
 
+def sass_file(folder: str, name: str) -> str | None:
+    """The file in ``folder`` (created) for kernel ``name``'s SASS text; None without a folder."""
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, re.sub(r"[^\w]+", "_", name).strip("_") + ".sass")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (H100/H200: 90)")
     ap.add_argument("--stages", action="store_true", help="also the seconds of each pipeline stage")
     ap.add_argument("--threads", action="store_true", help="compile the selected kernels in parallel threads")
-    ap.add_argument("--sass", action="store_true", help="also the SASS size and its spill stores / loads")
+    ap.add_argument("--sass", action="store_true", help="also the SASS size, a digest of its text and its spill "
+                                                       "stores / loads")
+    ap.add_argument("--sass-out", default="", help="a folder that receives each kernel's SASS text (for a diff "
+                                                  "against another tree's; implies --sass)")
     ap.add_argument("--num-warps", type=int, default=None, help="compile with these warps instead of each kernel's")
     ap.add_argument("--functions", action="store_true", help="also the PTX instruction lines of each function")
     ap.add_argument("--consts", default="", help="NAME=INT,... constexprs that override each selected kernel's "
@@ -230,6 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="also where the Python front end's time goes (cProfile)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
+    a.sass = a.sass or bool(a.sass_out)
     over = dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in a.consts.split(",") if kv)
     if a.threads:
         return compile_threaded([n for n in KERNELS if not a.names or any(x in n for x in a.names)], a.arch)
@@ -257,7 +284,8 @@ def main(argv=None) -> int:
                 by_stage = " (" + ", ".join(f"{n} {v:.2f}" for n, v in stages.items()) + \
                     f", front end {dt - sum(stages.values()):.2f})"
             print(f"ok   {name}: {dt:.1f} s{by_stage}, cubin {len(k.asm['cubin'])} bytes, "
-                  f"{ptxas_usage(k.asm['ptx'], a.arch)}" + (f", {sass_spills(k.asm['cubin'])}" if a.sass else "")
+                  f"{ptxas_usage(k.asm['ptx'], a.arch)}" + (f", {sass_spills(k.asm['cubin'], sass_file(a.sass_out, name))}"
+                                                            if a.sass else "")
                   + (f"; PTX lines: {ptx_functions(k.asm['ptx'])}" if a.functions else ""), flush=True)
         except Exception as e:  # report every kernel, then fail
             failed += 1
