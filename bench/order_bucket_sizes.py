@@ -7,6 +7,12 @@ are mapped as the kernel maps them: ``(hi - key) >> sh`` with ``sh`` the bit len
 ``(hi - lo) // NB``, for NB = KB and 2 KB buckets (``select_kernel.ORDER_BUCKETS``). The in-bucket
 count takes as many steps as the largest bucket holds (past ``radix.SPLIT``, the kernel splits
 every bucket again, which this script does not follow: it prints those rows' count).
+
+``two parts`` (2 KB buckets): the first level measured and dropped in session 15
+(docs/benchmarks_select_kernel.md): the winners above the cutoff bin (the 12-bit prefix of the
+k-th key) and the bin's own winners, where the bin gave more than ``SPLIT`` and was not taken
+whole, each mapped over its own key range into buckets in proportion to its winners. Printed:
+the rows that took it, the largest bucket of each part, and the rows still past ``SPLIT``.
 """
 from __future__ import annotations
 
@@ -29,6 +35,25 @@ def largest_bucket(key: torch.Tensor, nb: int) -> int:
     return int(torch.bincount((hi - key) >> sh, minlength=nb).max())
 
 
+def largest_in_parts(key: torch.Tensor, row_keys: torch.Tensor, nb: int) -> tuple[int, int, int] | None:
+    """The two-part first level of a row's winners ``key`` (descending) among the row's keys:
+    (largest bucket of the part above the cutoff bin, of the bin's part, of both), or None where
+    the row keeps one map (the bin gave at most SPLIT winners, or every candidate of it won)."""
+    prefix = key >> 51  # the score key's top 12 bits (ordering.order_keys: score key << 31)
+    cut = int(prefix[-1])
+    seg = int((prefix > cut).sum())
+    in_bin = int(((row_keys >> 51) == cut).sum())
+    if seg == 0 or len(key) - seg <= SPLIT.value or in_bin == len(key) - seg:
+        return None
+    nb_a = min(max(nb * seg // len(key), 1), nb - 1)
+    part_a, part_b = key[:seg], key[seg:]
+    hi, lo_a = int(part_a.max()), int(part_a.min())
+    hi_b, lo = int(part_b.max()), int(part_b.min())
+    a = torch.bincount((hi - part_a) >> ((hi - lo_a) // nb_a).bit_length(), minlength=nb_a)
+    b = torch.bincount((hi_b - part_b) >> ((hi_b - lo) // (nb - nb_a)).bit_length(), minlength=nb - nb_a)
+    return int(a.max()), int(b.max()), max(int(a.max()), int(b.max()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=16384)
@@ -39,11 +64,21 @@ def main(argv=None) -> int:
     kb = max(2, 1 << (a.k - 1).bit_length())
     for pattern in a.patterns.split(","):
         scores, ids = make_inputs(a.rows, a.n, pattern, seed=a.n + a.k, device="cpu")
-        top = torch.topk(order_keys(scores, ids), a.k, dim=1).values
+        keys = order_keys(scores, ids)
+        top = torch.topk(keys, a.k, dim=1).values
         for nb in (kb, 2 * kb):
             big = [largest_bucket(row, nb) for row in top]
             print(f"{pattern:7s} N={a.n} k={a.k} {nb} buckets: largest bucket median {statistics.median(big):g}, "
                   f"max {max(big)}; rows past SPLIT ({SPLIT.value}): {sum(b > SPLIT.value for b in big)} of {a.rows}")
+        parts = [largest_in_parts(row, keys[r], 2 * kb) for r, row in enumerate(top)]
+        took = [p for p in parts if p is not None]
+        if took:
+            print(f"{pattern:7s} N={a.n} k={a.k} {2 * kb} buckets in two parts: {len(took)} of {a.rows} rows; largest "
+                  f"bucket above the bin median {statistics.median(p[0] for p in took):g} (max {max(p[0] for p in took)}), "
+                  f"in the bin median {statistics.median(p[1] for p in took):g} (max {max(p[1] for p in took)}); "
+                  f"rows past SPLIT: {sum(p[2] > SPLIT.value for p in took)}")
+        else:
+            print(f"{pattern:7s} N={a.n} k={a.k} {2 * kb} buckets in two parts: no row takes them")
     return 0
 
 
