@@ -296,7 +296,9 @@ if _HAVE_TRITON:
     # session 15): a short context 0.968-0.972x the time, random scores 0.996-0.998x, ties
     # 1.002-1.006x; in the 16384 tile short took 0.965-0.974x but random 1.017-1.039x (the
     # kernel's body allocated otherwise; 64 x 16384: 31.0 against 29.8 µs), so that tile keeps
-    # bisect_cut (the same SASS as before, Triton 3.6).
+    # bisect_cut (the same SASS as before, Triton 3.6). refine_row chooses at its two cuts
+    # inline: a helper that chose changed the 16384 tile's SASS (python
+    # tools/compile_select_kernels.py --sass prints a digest of it).
     PACKED_CUT_MAX = tl.constexpr(8192)
 
     @triton.jit
