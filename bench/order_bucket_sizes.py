@@ -35,10 +35,11 @@ def largest_bucket(key: torch.Tensor, nb: int) -> int:
     return int(torch.bincount((hi - key) >> sh, minlength=nb).max())
 
 
-def largest_in_parts(key: torch.Tensor, row_keys: torch.Tensor, nb: int) -> tuple[int, int, int] | None:
+def largest_in_parts(key: torch.Tensor, row_keys: torch.Tensor, nb: int) -> tuple[int, int] | None:
     """The two-part first level of a row's winners ``key`` (descending) among the row's keys:
-    (largest bucket of the part above the cutoff bin, of the bin's part, of both), or None where
-    the row keeps one map (the bin gave at most SPLIT winners, or every candidate of it won)."""
+    (largest bucket of the part above the cutoff bin, of the bin's part; each part mapped over
+    its own range, largest_bucket), or None where the row keeps one map (the bin gave at most
+    SPLIT winners, or every candidate of it won)."""
     prefix = key >> 51  # the score key's top 12 bits (ordering.order_keys: score key << 31)
     cut = int(prefix[-1])
     seg = int((prefix > cut).sum())
@@ -46,12 +47,7 @@ def largest_in_parts(key: torch.Tensor, row_keys: torch.Tensor, nb: int) -> tupl
     if seg == 0 or len(key) - seg <= SPLIT.value or in_bin == len(key) - seg:
         return None
     nb_a = min(max(nb * seg // len(key), 1), nb - 1)
-    part_a, part_b = key[:seg], key[seg:]
-    hi, lo_a = int(part_a.max()), int(part_a.min())
-    hi_b, lo = int(part_b.max()), int(part_b.min())
-    a = torch.bincount((hi - part_a) >> ((hi - lo_a) // nb_a).bit_length(), minlength=nb_a)
-    b = torch.bincount((hi_b - part_b) >> ((hi_b - lo) // (nb - nb_a)).bit_length(), minlength=nb - nb_a)
-    return int(a.max()), int(b.max()), max(int(a.max()), int(b.max()))
+    return largest_bucket(key[:seg], nb_a), largest_bucket(key[seg:], nb - nb_a)
 
 
 def main(argv=None) -> int:
@@ -76,7 +72,7 @@ def main(argv=None) -> int:
             print(f"{pattern:7s} N={a.n} k={a.k} {2 * kb} buckets in two parts: {len(took)} of {a.rows} rows; largest "
                   f"bucket above the bin median {statistics.median(p[0] for p in took):g} (max {max(p[0] for p in took)}), "
                   f"in the bin median {statistics.median(p[1] for p in took):g} (max {max(p[1] for p in took)}); "
-                  f"rows past SPLIT: {sum(p[2] > SPLIT.value for p in took)}")
+                  f"rows past SPLIT: {sum(max(p) > SPLIT.value for p in took)}")
         else:
             print(f"{pattern:7s} N={a.n} k={a.k} {2 * kb} buckets in two parts: no row takes them")
     return 0

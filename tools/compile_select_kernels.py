@@ -26,6 +26,7 @@ Triton releases the GIL in parts of its pipeline).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import os
 import re
@@ -188,8 +189,6 @@ def sass_text(lines: list[str]) -> str:
 def sass_spills(cubin: bytes, out: str | None = None) -> str:
     """Instructions of the kernel's SASS, a digest of their text (``sass_text``) and its
     local-memory (spill) stores and loads; ``out``: a file that receives the text."""
-    import hashlib
-
     lines = sass_instructions(cubin)
     text = sass_text(lines)
     if out:
