@@ -61,7 +61,7 @@ from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 
 from tpflare.ops import select_kernel as sk, select_staged as st  # noqa: E402
 from tpflare.ops.radix import (ORDER_SCRATCH, SPLIT, bit_length, bucket_counts, bucket_kernel,  # noqa: E402
-                               generic_jit, key_id, load_chunk, nan_key, offsets_sizes, order_row, pick_digit,
+                               generic_jit, key_id, load_chunk, nan_key, offsets_sizes, order_row, part_counts, pick_digit,
                                put_winners, rank_in_bucket, score_key, score_bits, split_buckets, top_digit,
                                winner_workspace, write_ordered)
 from tpflare.ops.select_finish import finish_row  # noqa: E402
@@ -213,8 +213,14 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
         tl.store(oid_row + j, slot + tl.sum(c, 0), mask=j < K)
     else:
         big = tl.max(c, 0)
+        split = big > SPLIT_AT
+        if split:  # (as production: the first level again, in parts)
+            bkt, slot, c = part_counts(key, live, lo, nsel, z_row + 5 * KB, NB)
+            big = tl.max(c, 0)
+            split = big > SPLIT_AT
         off, cb = offsets_sizes(c, bkt, live)
-        if big > SPLIT_AT:
+        if split:
+            tl.debug_barrier()
             sub, slot, cc = split_buckets(key, live, off, cb, slot, j, z_row, KB)
             big = tl.max(cc, 0)
             off, cb = offsets_sizes(cc, sub, live)
@@ -226,6 +232,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
                 lk = (z_row + 5 * KB).to(tl.pointer_type(tl.int64))  # (the second level's key ranges: read already)
                 lp = z_row + 2 * KB
                 if big > 1:
+                    tl.debug_barrier()  # (part_counts' sizes, which others may still read, share lk's scratch)
                     tl.store(lk + off + slot, key, mask=live)
                     tl.store(lp + off + slot, o, mask=live)
                     tl.debug_barrier()

@@ -360,6 +360,46 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB: tl.constexpr, NB: tl
 
 
 @triton.jit
+def part_counts(key, live, lo, nsel, zp, NB: tl.constexpr):
+    # order_row's first level again where one map of the winners' key range crowded a bucket:
+    # in three parts, each mapped over its own key range, the NB buckets shared in proportion
+    # to their winners: the winners of a positive score key (packed key >= 2**62), those of a
+    # negative one, both above the tie at the smallest score key (lo's; a short context's -inf
+    # winners, which differ by id only). A map linear in the key bits leaves empty the exponents
+    # between parts (the octaves around 0 between two signs, those down to a -inf tie), so their
+    # winners crowd a few buckets; each part over its own range spreads them (bench/
+    # order_bucket_sizes.py on the CPU: a short context's largest bucket 1227-1637 -> 7-8, a
+    # median row, and none past SPLIT at N = 8192-16384). The parts keep the order: positive >
+    # negative > the tie. zp: NB int32 of scratch that nothing else holds at this point.
+    # Returns (bucket, slot in it, bucket sizes [NB]).
+    MAXK: tl.constexpr = 9223372036854775807
+    tie = live & ((key >> 31) == (lo >> 31))
+    pos = live & (tie == 0) & (key >= 4611686018427387904)
+    neg = live & (tie == 0) & (pos == 0)
+    n = tl.sum(pos.to(tl.int32) + (neg.to(tl.int32) << 16), 0)  # (counts < 2**16)
+    bp = (NB * (n & 0xFFFF)) // nsel  # (>= 2 a winner: NB >= KB >= nsel; the tie keeps the rest, >= 1)
+    bn = (NB * (n >> 16)) // nsel
+    phi = tl.max(tl.where(pos, key, -1), 0)
+    plo = tl.min(tl.where(pos, key, MAXK), 0)
+    nhi = tl.max(tl.where(neg, key, -1), 0)
+    nlo = tl.min(tl.where(neg, key, MAXK), 0)
+    thi = tl.max(tl.where(tie, key, -1), 0)
+    shp = bit_length(tl.maximum(phi - plo, 0) // tl.maximum(bp, 1))  # (an empty part: 0)
+    shn = bit_length(tl.maximum(nhi - nlo, 0) // tl.maximum(bn, 1))
+    sht = bit_length(tl.maximum(thi - lo, 0) // (NB - bp - bn))
+    top = tl.where(pos, phi, tl.where(neg, nhi, thi))
+    sh = tl.where(pos, shp, tl.where(neg, shn, sht))
+    base = tl.where(pos, 0, tl.where(neg, bp, bp + bn))
+    bkt = tl.where(live, base + ((top - key) >> sh).to(tl.int32), 0)
+    jb = tl.arange(0, NB)
+    tl.store(zp + jb, tl.zeros([NB], dtype=tl.int32))
+    tl.debug_barrier()
+    slot = tl.atomic_add(zp + bkt, tl.full(bkt.shape, 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+    tl.debug_barrier()
+    return bkt, slot, tl.load(zp + jb, cache_modifier=".cg")
+
+
+@triton.jit
 def offsets_sizes(c, idx, live):
     # each winner's (sub-)bucket output offset and size, from the sizes c and its (sub-)bucket
     # idx: one gather of both (the exclusive scan of c above c: offsets and sizes < 2**16)
@@ -508,9 +548,14 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, grouped,
     # grouped (a runtime flag, read where GROUP): the first level adds by groups (bucket_counts).
     j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB, NB, ZEROED, GROUP)
     big = tl.max(c, 0)
-    off, cb = offsets_sizes(c, bkt, live)
     split = big > SPLIT_AT
-    if split:  # second level over each bucket's own key range
+    if split:  # a crowded bucket: the first level again, in parts (part_counts)
+        bkt, slot, c = part_counts(key, live, lo, nsel, z_row + 5 * KB, NB)
+        big = tl.max(c, 0)
+        split = big > SPLIT_AT
+    off, cb = offsets_sizes(c, bkt, live)
+    if split:  # still crowded: a second level over each bucket's own key range
+        tl.debug_barrier()  # (the parts' sizes, which others may still read, share its scratch)
         sub, slot, cc = split_buckets(key, live, off, cb, slot, j, z_row, KB)
         big = tl.max(cc, 0)
         off, cb = offsets_sizes(cc, sub, live)

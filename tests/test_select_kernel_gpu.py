@@ -299,18 +299,29 @@ def _clustered(kind: str, q: int, n: int, seed: int):
     elif kind == "short_context":
         scores = torch.where(torch.rand(q, n, generator=g) < 0.05, torch.randn(q, n, generator=g), float("-inf"))
         scores[:, 1:4] = float("nan")
+    elif kind == "three_groups":  # the cutoff in the 1.0 tie; 3.0 and 2.0 crowd the positive part
+        scores = torch.randint(1, 4, (q, n), generator=g).float()
+        scores[:, : n // 2] = 1.0
+    elif kind == "signs_tie":  # scores of both signs, +0 and -0, above a tie at -3.5
+        u = torch.rand(q, n, generator=g)
+        scores = torch.where(u < 0.15, torch.randn(q, n, generator=g), torch.tensor(-3.5))
+        scores = torch.where(u < 0.01, torch.where(u < 0.005, torch.tensor(0.0), torch.tensor(-0.0)), scores)
     else:
         raise ValueError(kind)
     return scores.contiguous(), ids.contiguous()
 
 
 @pytest.mark.parametrize("path,order", [("row", None), ("staged", "bucket")], ids=["row", "staged-bucket"])
-@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys", "short_context"])
+@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys", "short_context",
+                                  "three_groups", "signs_tie"])
 def test_bucket_order_clustered_keys(kind, path, order):
-    """The bucket ordering (radix.order_row) on winners whose keys cluster: its second level
-    splits every crowded bucket over its own key range; close_keys: equal scores with distinct
-    ids in the buckets of a key range of 60 decades; short_context: one bucket of most winners,
-    over many of the second level's groups; exact against both references."""
+    """The bucket ordering (radix.order_row) on winners whose keys cluster: a crowded first
+    level maps again in parts (radix.part_counts: positive, negative, the tie at the smallest
+    score), and where a part still crowds (three_groups: two tie groups above the cutoff's) a
+    second level splits every bucket over its own key range; close_keys: equal scores with
+    distinct ids in the buckets of a key range of 60 decades; short_context: one bucket of most
+    winners, over many of the second level's groups; signs_tie: winners of both signs, +0 and
+    -0, above a tie at a negative score; exact against both references."""
     _require_kernel()
     for q, n, k in ((2, 3000, 1024), (1, 700, 512)):
         scores, ids = _clustered(kind, q, n, seed=n + k)
