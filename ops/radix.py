@@ -360,6 +360,13 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB: tl.constexpr, NB: tl
 
 
 @triton.jit
+def _part_ranges(n0, ph0, pl0, nh0, nl0, th0, n1, ph1, pl1, nh1, nl1, th1):
+    # part_counts' reduction: the sum of the packed counts, the max / min of each part's keys
+    return (n0 + n1, tl.maximum(ph0, ph1), tl.minimum(pl0, pl1), tl.maximum(nh0, nh1), tl.minimum(nl0, nl1),
+            tl.maximum(th0, th1))
+
+
+@triton.jit
 def part_counts(key, live, lo, nsel, zp, NB: tl.constexpr):
     # order_row's first level again where one map of the winners' key range crowded a bucket:
     # in three parts, each mapped over its own key range, the NB buckets shared in proportion
@@ -376,14 +383,12 @@ def part_counts(key, live, lo, nsel, zp, NB: tl.constexpr):
     tie = live & ((key >> 31) == (lo >> 31))
     pos = live & (tie == 0) & (key >= 4611686018427387904)
     neg = live & (tie == 0) & (pos == 0)
-    n = tl.sum(pos.to(tl.int32) + (neg.to(tl.int32) << 16), 0)  # (counts < 2**16)
+    # the parts' sizes and key ranges in one reduction (one round of the program's barriers)
+    n, phi, plo, nhi, nlo, thi = tl.reduce((pos.to(tl.int32) + (neg.to(tl.int32) << 16), tl.where(pos, key, -1),
+                                            tl.where(pos, key, MAXK), tl.where(neg, key, -1), tl.where(neg, key, MAXK),
+                                            tl.where(tie, key, -1)), 0, _part_ranges)  # (counts < 2**16)
     bp = (NB * (n & 0xFFFF)) // nsel  # (>= 2 a winner: NB >= KB >= nsel; the tie keeps the rest, >= 1)
     bn = (NB * (n >> 16)) // nsel
-    phi = tl.max(tl.where(pos, key, -1), 0)
-    plo = tl.min(tl.where(pos, key, MAXK), 0)
-    nhi = tl.max(tl.where(neg, key, -1), 0)
-    nlo = tl.min(tl.where(neg, key, MAXK), 0)
-    thi = tl.max(tl.where(tie, key, -1), 0)
     shp = bit_length(tl.maximum(phi - plo, 0) // tl.maximum(bp, 1))  # (an empty part: 0)
     shn = bit_length(tl.maximum(nhi - nlo, 0) // tl.maximum(bn, 1))
     sht = bit_length(tl.maximum(thi - lo, 0) // (NB - bp - bn))
