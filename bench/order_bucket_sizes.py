@@ -8,6 +8,12 @@ are mapped as the kernel maps them: ``(hi - key) >> sh`` with ``sh`` the bit len
 count takes as many steps as the largest bucket holds (past ``radix.SPLIT``, the kernel splits
 every bucket again, which this script does not follow: it prints those rows' count).
 
+``three parts`` (2 KB buckets): what ``radix.part_counts`` does where one map crowds a bucket
+past ``SPLIT`` (production since session 16): the winners of a positive score key, those of a
+negative one, and the tie at the smallest score key, each mapped over its own key range into
+buckets in proportion to its winners. Printed: the rows that map again, their largest bucket,
+and the rows still past ``SPLIT`` (those take the second level).
+
 ``two parts`` (2 KB buckets): the first level measured and dropped in session 15
 (docs/benchmarks_select_kernel.md): the winners above the cutoff bin (the 12-bit prefix of the
 k-th key) and the bin's own winners, where the bin gave more than ``SPLIT`` and was not taken
@@ -50,6 +56,24 @@ def largest_in_parts(key: torch.Tensor, row_keys: torch.Tensor, nb: int) -> tupl
     return largest_bucket(key[:seg], nb_a), largest_bucket(key[seg:], nb - nb_a)
 
 
+def largest_in_three_parts(key: torch.Tensor, nb: int) -> int:
+    """The largest bucket of radix.part_counts' map of a row's winners ``key``: positive score
+    keys (packed key >= 2**62), negative ones, the tie at the smallest score key, each part over
+    its own range into ``nb * part // len(key)`` buckets (the tie: the rest)."""
+    lo = int(key.min())
+    tie = (key >> 31) == (lo >> 31)
+    pos = (key >= 1 << 62) & ~tie
+    neg = ~pos & ~tie
+    big, left = 0, nb
+    for part in (pos, neg, tie):
+        c = int(part.sum())
+        if c:
+            nb_part = left if part is tie else nb * c // len(key)
+            big = max(big, largest_bucket(key[part], nb_part))
+            left -= nb_part
+    return big
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=16384)
@@ -66,6 +90,11 @@ def main(argv=None) -> int:
             big = [largest_bucket(row, nb) for row in top]
             print(f"{pattern:7s} N={a.n} k={a.k} {nb} buckets: largest bucket median {statistics.median(big):g}, "
                   f"max {max(big)}; rows past SPLIT ({SPLIT.value}): {sum(b > SPLIT.value for b in big)} of {a.rows}")
+        again = [largest_in_three_parts(row, 2 * kb) for row in top if largest_bucket(row, 2 * kb) > SPLIT.value]
+        if again:
+            print(f"{pattern:7s} N={a.n} k={a.k} {2 * kb} buckets in three parts (production, past SPLIT): {len(again)} "
+                  f"of {a.rows} rows; largest bucket median {statistics.median(again):g} (max {max(again)}); "
+                  f"rows still past SPLIT: {sum(b > SPLIT.value for b in again)}")
         parts = [largest_in_parts(row, keys[r], 2 * kb) for r, row in enumerate(top)]
         took = [p for p in parts if p is not None]
         if took:

@@ -538,8 +538,12 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, grouped,
     # buckets, fewer members each) and each winner a slot in its bucket; a scan of the sizes
     # gives the buckets' output offsets. When a bucket holds more
     # than SPLIT_AT winners (SPLIT in production; keys in clusters: a tie group and a few
-    # others), every bucket splits again (split_buckets), so one scan over all sub-buckets
-    # gives every sub-bucket's offset.
+    # others), the first level maps again in three parts (part_counts: positive and negative
+    # score keys, each over its own range, above the tie at the smallest score key). H200,
+    # graph replay, 64-4096 rows (docs/benchmarks_select_kernel.md, session 16): a short context
+    # 0.94-0.98x the time, ties at N = 8192 0.94-0.96x, random scores (which never map again)
+    # 1.00-1.008x. Where a part still crowds, every bucket splits again (split_buckets), so one
+    # scan over all sub-buckets gives every sub-bucket's offset.
     # A winner's rank in its (sub-)bucket counts the members before it (rank_in_bucket: a
     # step gathers one key; up to session 6 of 2026-12-02 a key and a position). Work: KB
     # winners x the largest (sub-)bucket.

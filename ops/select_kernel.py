@@ -51,7 +51,9 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   ``smallest_cut``; such a bin is not put in play): a mass tie, such as a short context padded
   with ``-inf`` scores and valid ids.
 * Ordering in the same program (``radix.order_row``): bucket rank of the winners (offsets,
-  sizes and the members' keys from registers, ``tl.gather``), so no ``torch.sort`` runs after
+  sizes and the members' keys from registers, ``tl.gather``; a crowded bucket map made again in
+  parts by score sign above the tie at the lowest score, ``radix.part_counts``, then, where still
+  crowded, a second level), so no ``torch.sort`` runs after
   the kernel; the output in order (coalesced stores), the score bits rebuilt from the keys (a
   NaN's payload read from the row at its position).
 
