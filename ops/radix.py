@@ -555,13 +555,24 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, grouped,
     # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32; ZEROED: its first NB are
     # zero already (the row kernel zeroed them after its compaction: no store and barrier here);
     # grouped (a runtime flag, read where GROUP): the first level adds by groups (bucket_counts).
-    j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB, NB, ZEROED, GROUP)
-    big = tl.max(c, 0)
-    split = big > SPLIT_AT
-    if split:  # a crowded bucket: the first level again, in parts (part_counts)
+    by_parts = 0
+    if GROUP:
+        by_parts = grouped
+    if by_parts:  # the row kernel refined its cutoff bin (a mass tie): the first level in parts at once
+        j = tl.arange(0, KB)
+        live = j < nsel
+        key = tl.load(wk_row + j, mask=live, other=-1)
+        o = tl.load(wo_row + j, mask=live, other=0)
+        lo = tl.min(tl.where(live, key, 9223372036854775807), 0)
         bkt, slot, c = part_counts(key, live, lo, nsel, z_row + 5 * KB, NB)
         big = tl.max(c, 0)
-        split = big > SPLIT_AT
+    else:
+        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, NB, ZEROED, False)
+        big = tl.max(c, 0)
+        if big > SPLIT_AT:  # a crowded bucket: the first level again, in parts (part_counts)
+            bkt, slot, c = part_counts(key, live, lo, nsel, z_row + 5 * KB, NB)
+            big = tl.max(c, 0)
+    split = big > SPLIT_AT
     off, cb = offsets_sizes(c, bkt, live)
     if split:  # still crowded: a second level over each bucket's own key range
         tl.debug_barrier()  # (the parts' sizes, which others may still read, share its scratch)

@@ -202,7 +202,7 @@ def group_first(block: int, resident: bool) -> bool:
     0.97-1.00x (short) but 1.02-1.03x with random scores at N = 12000 and 16384 (64 x 16384:
     31.1 against 30.3 µs), so that tile keeps one atomic add a winner. (The 4096 tile never
     refines; rows read in chunks neither.)"""
-    return resident and 4096 < block <= 8192
+    return resident and block > 4096
 
 
 def register_tile(n: int) -> int:
