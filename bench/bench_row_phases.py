@@ -114,7 +114,7 @@ def order_row_scratch(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, 
     # radix.order_row as it was up to f08fc80: the (sub-)buckets' offsets and sizes, and the
     # members' keys and positions in the in-bucket count, through global scratch (a store, a
     # barrier and loads; two dependent L2 round trips a step of the count)
-    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, KB, False, False)
+    j, live, key, o, bkt, slot, c, _ = bucket_counts(wk_row, wo_row, nsel, z_row, KB, KB, False)
     tl.store(z_row + KB + j, tl.cumsum(c, 0) - c)
     big = tl.max(c, 0)
     tl.debug_barrier()
@@ -187,7 +187,8 @@ def bucket_counts_v(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.conste
 def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row, KB: tl.constexpr,
                 SPLIT_AT: tl.constexpr, NB: tl.constexpr, LKEYS: tl.constexpr, SCATTER: tl.constexpr,
                 WVLOAD: tl.constexpr, TWOKEY: tl.constexpr, OSTOP: tl.constexpr, BV: tl.constexpr):
-    # radix.order_row (flags 0: the production code) stopped after its sub-phase OSTOP (1 bucket
+    # radix.order_row (flags 0: the production code, without the 8192 tile's parts first after a
+    # refinement, PARTS) stopped after its sub-phase OSTOP (1 bucket
     # sizes and slots, 2 offsets (and the second level), 3 the member lists, 4 the in-bucket
     # count, 5 the output), and bench variants:
     # LKEYS: the members' packed keys and positions are stored once in bucket order (global
@@ -205,7 +206,7 @@ def order_row_v(wk_row, wv_row, wo_row, nsel, z_row, oid_row, osc_row, K, sc_row
     #   two winners share a key.
     # BV: bucket_counts_v's flags (bit 0 HILO1, bit 1 ZFIRST, bit 2 HISTC).
     if BV == 0:
-        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, NB, False, False)
+        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB, False)
     else:
         j, live, key, o, bkt, slot, c, lo = bucket_counts_v(wk_row, wo_row, nsel, z_row, KB, NB, BV & 1, (BV >> 1) & 1,
                                                         (BV >> 2) & 1)
@@ -328,8 +329,8 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
                        FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr, SCAN1D: tl.constexpr,
                        HIST: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
                        OSTOP: tl.constexpr, HALVING: tl.constexpr = False, REFINE: tl.constexpr = 0,
-                       ZF: tl.constexpr = False, GROUP: tl.constexpr = False, MMAX: tl.constexpr = 0):
-    # select_kernel._row_kernel (resident tile) up to phase STOP; REFINE, ZF, GROUP, MMAX: the
+                       ZF: tl.constexpr = False, PARTS: tl.constexpr = False, MMAX: tl.constexpr = 0):
+    # select_kernel._row_kernel (resident tile) up to phase STOP; REFINE, ZF, PARTS, MMAX: the
     # production kernel's (its cutoff bin refined on the tile, its ordering's zeroing and first
     # level, the finish's largest bin), so a mass tie's phases are the production kernel's
     row = tl.program_id(0).to(tl.int64)
@@ -356,7 +357,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
             else:
                 rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                             cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                            FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP, REFINE, ZF, GROUP, MMAX)
+                            FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP, REFINE, ZF, PARTS, MMAX)
     else:
         if HALVING:
             nsel, P, above, m = cutoff_search_halving(s, K)
@@ -368,7 +369,7 @@ def _row_prefix_kernel(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, z
         else:
             rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr,
                         cnt_ptr, z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK, KB, D, CH, FR1,
-                        FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP, REFINE, ZF, GROUP, MMAX)
+                        FR2, STOP, SCAN1D, SCRATCH, SPLIT_AT, ORDV, OSTOP, REFINE, ZF, PARTS, MMAX)
 
 
 @triton.jit
@@ -376,7 +377,7 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                 z_ptr, oid_ptr, osc_ptr, N, K, s_sq, s_iq, s_oi, s_os, BLOCK: tl.constexpr, KB: tl.constexpr,
                 D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr, STOP: tl.constexpr,
                 SCAN1D: tl.constexpr, SCRATCH: tl.constexpr, SPLIT_AT: tl.constexpr, ORDV: tl.constexpr,
-                OSTOP: tl.constexpr, REFINE: tl.constexpr, ZF: tl.constexpr, GROUP: tl.constexpr,
+                OSTOP: tl.constexpr, REFINE: tl.constexpr, ZF: tl.constexpr, PARTS: tl.constexpr,
                 MMAX: tl.constexpr):
     # the phases after the cutoff prefix: compaction (3), finish or refinement (4), ordering (5;
     # ORDV > 0 or OSTOP < 5: order_row_v, ORDV bit 0 LKEYS, bit 1 SCATTER, bit 2 WVLOAD, bit 3
@@ -421,11 +422,11 @@ def rest_of_row(s, b, i, P, all_in, nsel, above, m, row, sc_ptr, id_ptr, p_ptr, 
                 order_row_scratch(wk_row, wv_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB),
                                   oid_ptr + row * s_oi, osc_ptr + row * s_os, K, KB)
             else:
-                grouped = 0
-                if GROUP:
-                    grouped = refine.to(tl.int32)
+                refined = 0
+                if PARTS:
+                    refined = refine.to(tl.int32)
                 order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_ptr + row * s_sq,
-                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, grouped, KB, SPLIT_AT, ORDER_NB * KB, ZF, GROUP)
+                          oid_ptr + row * s_oi, osc_ptr + row * s_os, K, refined, KB, SPLIT_AT, ORDER_NB * KB, ZF, PARTS)
 
 
 def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16, maxnreg=None, hist=False,
@@ -434,7 +435,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     ``split``: the row kernel stops after the finish and ``radix.bucket_kernel`` (``split_warps``
     warps, at most ``maxnreg`` registers a thread) orders the winners. ``refine``: a cutoff bin
     beyond ``select_kernel.refine_min`` is refined on the tile, and the ordering zeroes and adds
-    as the production kernel's does (``zero_first``, ``group_first``); False: every bin goes to
+    as the production kernel's does (``zero_first``, ``parts_first``); False: every bin goes to
     the finish (the bench kernel up to session 13)."""
     q, n = scores.shape
     kb = max(2, st.next_pow2(k))
@@ -455,7 +456,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
                              FR1=fr1, FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),
                              SPLIT_AT=SPLIT.value if split_at is None else int(split_at), ORDV=int(ordv),
                              OSTOP=int(ostop), HALVING=bool(halving), REFINE=ref,
-                             ZF=prod and sk.zero_first(block, True), GROUP=prod and sk.group_first(block, True),
+                             ZF=prod and sk.zero_first(block, True), PARTS=prod and sk.parts_first(block, True),
                              MMAX=mmax, num_warps=nw)
     if split:
         bucket_kernel[(q,)](wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),

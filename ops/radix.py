@@ -307,32 +307,10 @@ def over_groups(v, G: tl.constexpr, KB: tl.constexpr):
 
 
 @triton.jit
-def group_slots(z_row, bkt, live, j, KB: tl.constexpr, NB: tl.constexpr):
-    # each winner's slot in its bucket (bkt; z_row: the bucket sizes) by atomic adds: one for a
-    # group of G = 32 W slots whose live winners share a bucket (its lane 0 adds the group's
-    # count, the others take the returned base plus their lane), one a winner elsewhere
-    G: tl.constexpr = 32 if KB > 32 else KB
-    l2 = tl.reshape(live, [KB // G, G])
-    b2 = tl.reshape(bkt, [KB // G, G])
-    one = tl.max(tl.where(l2, b2, -1), 1) == tl.min(tl.where(l2, b2, NB), 1)  # (a group's live winners: a prefix)
-    uni = over_groups(one, G, KB)
-    n = over_groups(tl.sum(l2.to(tl.int32), 1), G, KB)
-    lane = j % G
-    got = tl.atomic_add(z_row + bkt, tl.where(uni, n, 1), mask=live & ((uni == 0) | (lane == 0)), sem="relaxed",
-                        scope="cta")
-    base = tl.sum(tl.where(tl.reshape(lane == 0, [KB // G, G]), tl.reshape(got, [KB // G, G]), 0), 1)
-    return tl.where(uni, over_groups(base, G, KB) + lane, got)
-
-
-@triton.jit
-def bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB: tl.constexpr, NB: tl.constexpr, ZEROED: tl.constexpr,
-                  GROUP: tl.constexpr):
+def bucket_counts(wk_row, wo_row, nsel, z_row, KB: tl.constexpr, NB: tl.constexpr, ZEROED: tl.constexpr):
     # order_row's first level: the winners' packed keys span [lo, hi]; a shift maps hi - key to
     # one of NB (KB or 2 KB) buckets (bucket 0 = the largest keys); one atomic add a winner
-    # gives each its slot in its bucket (any order), or, where GROUP and grouped (the row kernel
-    # refined its cutoff bin: its winners are one run of W, a short context's -inf scores a
-    # thousand of them in one bucket), one for a group of 32 W slots whose winners share a
-    # bucket (group_slots); returns
+    # gives each its slot in its bucket (any order); returns
     # (j, live, key, position, bucket, slot, bucket sizes c [NB], lo). z_row[0:NB] holds the
     # sizes (ZEROED: the caller zeroed them, before a barrier)
     j = tl.arange(0, KB)
@@ -347,13 +325,7 @@ def bucket_counts(wk_row, wo_row, nsel, z_row, grouped, KB: tl.constexpr, NB: tl
     if not ZEROED:
         tl.store(z_row + jb, tl.zeros([NB], dtype=tl.int32))
         tl.debug_barrier()
-    by_groups = 0  # (a constant where GROUP is off: no grouped code compiled; select_kernel.group_first)
-    if GROUP:
-        by_groups = grouped
-    if by_groups:
-        slot = group_slots(z_row, bkt, live, j, KB, NB)
-    else:
-        slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
+    slot = tl.atomic_add(z_row + bkt, tl.full([KB], 1, tl.int32), mask=live, sem="relaxed", scope="cta")
     tl.debug_barrier()
     c = tl.load(z_row + jb, cache_modifier=".cg")
     return j, live, key, o, bkt, slot, c, lo
@@ -531,8 +503,8 @@ def rank_in_bucket(key, o, live, off, cb, members, big, KB: tl.constexpr):
 
 
 @triton.jit(noinline=True)  # (noinline: select_kernel's docstring, Compile time)
-def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, grouped, KB: tl.constexpr,
-              SPLIT_AT: tl.constexpr, NB: tl.constexpr, ZEROED: tl.constexpr, GROUP: tl.constexpr = False):
+def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, refined, KB: tl.constexpr,
+              SPLIT_AT: tl.constexpr, NB: tl.constexpr, ZEROED: tl.constexpr, PARTS: tl.constexpr = False):
     # one program orders one row's nsel winners (W slots 0 .. nsel) into the output row, pads
     # past them. Bucket rank: bucket_counts gives the sizes of NB buckets (KB or 2 KB; more
     # buckets, fewer members each) and each winner a slot in its bucket; a scan of the sizes
@@ -554,10 +526,12 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, grouped,
     # The output: write_ordered (score bits from the keys, W holds none; sc_row: the row's
     # scores, for NaN payloads). z_row: ORDER_SCRATCH x KB int32; ZEROED: its first NB are
     # zero already (the row kernel zeroed them after its compaction: no store and barrier here);
-    # grouped (a runtime flag, read where GROUP): the first level adds by groups (bucket_counts).
-    by_parts = 0
-    if GROUP:
-        by_parts = grouped
+    # refined (a runtime flag, read where PARTS: the row kernel refined its cutoff bin, a mass
+    # tie): the first level in parts at once (part_counts), not one map first
+    # (select_kernel.parts_first).
+    by_parts = 0  # (a constant where PARTS is off: the code below not compiled)
+    if PARTS:
+        by_parts = refined
     if by_parts:  # the row kernel refined its cutoff bin (a mass tie): the first level in parts at once
         j = tl.arange(0, KB)
         live = j < nsel
@@ -567,7 +541,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, grouped,
         bkt, slot, c = part_counts(key, live, lo, nsel, z_row + 5 * KB, NB)
         big = tl.max(c, 0)
     else:
-        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, 0, KB, NB, ZEROED, False)
+        j, live, key, o, bkt, slot, c, lo = bucket_counts(wk_row, wo_row, nsel, z_row, KB, NB, ZEROED)
         big = tl.max(c, 0)
         if big > SPLIT_AT:  # a crowded bucket: the first level again, in parts (part_counts)
             bkt, slot, c = part_counts(key, live, lo, nsel, z_row + 5 * KB, NB)

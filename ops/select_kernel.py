@@ -193,16 +193,18 @@ def zero_first(block: int, resident: bool) -> bool:
     return resident and block > 8192
 
 
-def group_first(block: int, resident: bool) -> bool:
-    """Whether the row kernel's ordering sends its first level's atomic adds by groups of 32 W
-    slots after the kernel refined its cutoff bin (``GROUP``, radix.group_slots; a runtime flag
-    says whether it refined): the 8192 register tile. H200, graph replay, 64-4096 rows, two
-    rounds alternating (docs/benchmarks_select_kernel.md, session 14): a short context at N =
-    8192 0.92-0.94x the time, random scores 0.99-1.00x; compiled into the 16384 tile it took
-    0.97-1.00x (short) but 1.02-1.03x with random scores at N = 12000 and 16384 (64 x 16384:
-    31.1 against 30.3 µs), so that tile keeps one atomic add a winner. (The 4096 tile never
-    refines; rows read in chunks neither.)"""
-    return resident and block > 4096
+def parts_first(block: int, resident: bool) -> bool:
+    """Whether the row kernel's ordering maps its winners in parts at once (radix.part_counts,
+    not one map first) after the kernel refined its cutoff bin (``PARTS``; a runtime flag says
+    whether it refined: a mass tie, whose winners crowd one map): the 8192 register tile. H200,
+    graph replay, 64-4096 rows, two rounds alternating (docs/benchmarks_select_kernel.md,
+    session 16), against one map first: a short context at N = 8192 0.945-0.949x the time, ties
+    0.98-0.995x, random scores 0.993-0.996x; compiled into the 16384 tile too, short took
+    0.94-0.96x there but random scores 1.022-1.031x at N = 12000 and 16384 (64 x 16384: 31.3
+    against 30.4 µs), so that tile maps once first. (Up to session 15 the 8192 tile sent the
+    first level's atomic adds by groups of 32 W slots after a refinement instead; the parts
+    leave no crowded bucket to group. The 4096 tile never refines; rows read in chunks neither.)"""
+    return resident and 4096 < block <= 8192
 
 
 def register_tile(n: int) -> int:
@@ -598,7 +600,7 @@ if _HAVE_TRITON:
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                     ORDER: tl.constexpr, REFINE: tl.constexpr, OB: tl.constexpr, SAMPLE: tl.constexpr = 0,
                     CAP: tl.constexpr = 16, SB: tl.constexpr = 16, HITS: tl.constexpr = False,
-                    ZF: tl.constexpr = False, GROUP: tl.constexpr = False):
+                    ZF: tl.constexpr = False, PARTS: tl.constexpr = False):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
@@ -607,8 +609,8 @@ if _HAVE_TRITON:
         # candidates (sb_ptr, CAP a row), when they hold the row's winners, replace the histogram
         # passes and the compaction pass by a register tile; HITS: hit_ptr[row] = 1 where they
         # did, else 0; ZF (with ORDER): the ordering's bucket sizes are zeroed after the
-        # compaction, not by the ordering (its store and barrier before the atomics); GROUP
-        # (with ORDER): after a refinement the ordering's first level adds by groups (group_first)
+        # compaction, not by the ordering (its store and barrier before the atomics); PARTS
+        # (with ORDER): after a refinement the ordering maps its winners in parts at once (parts_first)
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -627,13 +629,13 @@ if _HAVE_TRITON:
                 refine = (nsel - above < m) & (m > REFINE)
             else:
                 refine = m < 0
-            grouped = 0
-            if GROUP:  # the ordering's first level by groups after a refinement (radix.group_slots)
-                grouped = refine.to(tl.int32)
+            refined = 0
+            if PARTS:  # the ordering's first level in parts at once after a refinement (radix.part_counts)
+                refined = refine.to(tl.int32)
             compact_tile(s, b, i, tl.arange(0, BLOCK), P, all_in, 1 - refine.to(tl.int32), wk_row, wv_row, wo_row,
                          p_row, 0, 0, BLOCK, not ORDER)
         else:  # every pass re-reads the row
-            grouped = 0
+            refined = 0
             fast = 0
             if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
                 sb_row = sb_ptr + row * CAP
@@ -688,7 +690,7 @@ if _HAVE_TRITON:
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_row, oid_ptr + row * s_oi,
-                      osc_ptr + row * s_os, K, grouped, KB, SPLIT, OB, ZF, GROUP)
+                      osc_ptr + row * s_os, K, refined, KB, SPLIT, OB, ZF, PARTS)
 
 
 def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
@@ -829,7 +831,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
            D=digits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
            REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
            OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, ZF=fused and zero_first(block, resident),
-           GROUP=fused and group_first(block, resident), num_warps=nw)
+           PARTS=fused and parts_first(block, resident), num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, scores=scores)
