@@ -10,8 +10,8 @@ the two histogram passes, only for ``hist``); each prefix writes what it compute
 is dead code. Differences between prefixes (CUDA-graph replay) are the phases' costs. Like
 the production kernel (since session 14 of 2026-12-03), a cutoff bin beyond
 ``select_kernel.refine_min`` is refined on the tile in phase 4 (``refine_row``), and the
-ordering zeroes its bucket sizes early (16384 tile) and adds by groups after a refinement (8192
-tile), so a mass tie (``--patterns short``) times the production kernel's phases; up to session
+ordering zeroes its bucket sizes early (16384 tile) and maps in parts at once after a refinement
+(8192 tile, since session 16; by groups of atomic adds in sessions 14-15), so a mass tie (``--patterns short``) times the production kernel's phases; up to session
 13 the bench kernel sent every bin to the finish (variant ``norefine``), and its ``short``
 phases did not add up to the production kernel's time.
 Variants (bench only; each full kernel is checked bit for bit against the production kernel):
