@@ -533,6 +533,8 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, refined,
     if PARTS:
         by_parts = refined
     if by_parts:  # the row kernel refined its cutoff bin (a mass tie): the first level in parts at once
+        # (W read here as bucket_counts reads it: a helper shared by both changed the 16384
+        # tile's timed SASS, python tools/compile_select_kernels.py --sass)
         j = tl.arange(0, KB)
         live = j < nsel
         key = tl.load(wk_row + j, mask=live, other=-1)

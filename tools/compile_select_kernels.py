@@ -65,15 +65,18 @@ KERNELS = {
     "bucket order": (rx.bucket_kernel, dict(KB=2048), 8),
 }
 _ROW = dict(KB=2048, D=5, CH=sk.FIN_CHUNK, FR1=_RF1, FR2=_RF2, ORDER=True, REFINE=0, OB=sk.ORDER_BUCKETS * 2048)
-_R16 = dict(_ROW, REFINE=sk.REFINE_MIN, ZF=True)  # the 16384 tile's refinement threshold; its early zeroing
+# the 16384 tile's refinement threshold, its early zeroing and ordering (as triton_ordered_select decides them)
+_R16 = dict(_ROW, REFINE=sk.refine_min(16384, _RF2), ZF=sk.zero_first(16384, True), PARTS=sk.parts_first(16384, True))
 KERNELS.update({
     "row kernel (registers 16384)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True, **_R16), 16),
     "row kernel (registers 16384, refine all)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
                                                                       **dict(_ROW, ZF=True)), 16),
-    "row kernel (registers 8192)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=4096, RESIDENT=True, PARTS=True,
-                                                         **dict(_ROW, REFINE=sk.refine_min(8192, _RF2))), 16),
+    "row kernel (registers 8192)": (sk._row_kernel, dict(BLOCK=8192, CHUNK=4096, RESIDENT=True,
+                                                         **dict(_ROW, REFINE=sk.refine_min(8192, _RF2),
+                                                                ZF=sk.zero_first(8192, True),
+                                                                PARTS=sk.parts_first(8192, True))), 16),
     "row kernel (registers 16384, parts first)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096,
-                                                                                RESIDENT=True, PARTS=True, **_R16), 16),
+                                                                                RESIDENT=True, **dict(_R16, PARTS=True)), 16),
     "row kernel (registers 16384, zeroing in the ordering)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096,
                                                                                   RESIDENT=True, **dict(_R16, ZF=False)), 16),
     "row kernel (registers 16384, finish 8192)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
