@@ -359,7 +359,7 @@ def part_counts(key, live, lo, nsel, zp, NB: tl.constexpr):
     n, phi, plo, nhi, nlo, thi = tl.reduce((pos.to(tl.int32) + (neg.to(tl.int32) << 16), tl.where(pos, key, -1),
                                             tl.where(pos, key, MAXK), tl.where(neg, key, -1), tl.where(neg, key, MAXK),
                                             tl.where(tie, key, -1)), 0, _part_ranges)  # (counts < 2**16)
-    bp = (NB * (n & 0xFFFF)) // nsel  # (>= 2 a winner: NB >= KB >= nsel; the tie keeps the rest, >= 1)
+    bp = (NB * (n & 0xFFFF)) // nsel  # (>= 1 a winner: NB >= KB >= nsel; the tie keeps the rest, >= 1)
     bn = (NB * (n >> 16)) // nsel
     shp = bit_length(tl.maximum(phi - plo, 0) // tl.maximum(bp, 1))  # (an empty part: 0)
     shn = bit_length(tl.maximum(nhi - nlo, 0) // tl.maximum(bn, 1))
@@ -514,7 +514,7 @@ def order_row(wk_row, wo_row, nsel, z_row, sc_row, oid_row, osc_row, K, refined,
     # score keys, each over its own range, above the tie at the smallest score key). H200,
     # graph replay, 64-4096 rows (docs/benchmarks_select_kernel.md, session 16): a short context
     # 0.94-0.98x the time, ties at N = 8192 0.94-0.96x, random scores (which never map again)
-    # 1.00-1.008x. Where a part still crowds, every bucket splits again (split_buckets), so one
+    # 0.99-1.008x. Where a part still crowds, every bucket splits again (split_buckets), so one
     # scan over all sub-buckets gives every sub-bucket's offset.
     # A winner's rank in its (sub-)bucket counts the members before it (rank_in_bucket: a
     # step gathers one key; up to session 6 of 2026-12-02 a key and a position). Work: KB
