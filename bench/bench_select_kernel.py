@@ -13,7 +13,7 @@ Methods (k = 2048 unless --k; every call returns ids and score bits of the whole
   topk_fp32    plain torch.topk(scores, k) on fp32 (not exact under the Order rule: ties and
                NaN unordered; the speed bar)
 Patterns (--patterns): ``random`` (randn scores, distinct ids), ``ties`` (scores in {0, 1, 2, 3}: the
-cutoff inside a tie group of a quarter of the row), ``short`` (5 % finite scores, the rest -inf with
+cutoff inside a tie group of a quarter of the row), ``ties8`` (scores in {0, ..., 7}: an eighth), ``short`` (5 % finite scores, the rest -inf with
 valid ids: a short context in a padded buffer, the cutoff inside the -inf tie).
 Timing: CUDA-graph replay of --reps captured calls, median over --replays, divided by --reps
 (how serving runs the selection); eager: CUDA events around one call, median of --iters. Inputs
@@ -88,6 +88,8 @@ def make_inputs(q: int, n: int, pattern: str, seed: int, device="cuda"):
         scores = torch.randn(q, n, generator=g, device=device)
     elif pattern == "ties":  # cutoff inside a large tie group: the id tie-break runs on every row
         scores = torch.randint(0, 4, (q, n), generator=g, device=device).float()
+    elif pattern == "ties8":  # scores in {0, ..., 7}: a tie group of an eighth of the row at the cutoff
+        scores = torch.randint(0, 8, (q, n), generator=g, device=device).float()
     elif pattern == "short":  # a short context in a padded buffer: 5 % finite, the rest -inf with valid ids,
         # so the cutoff falls in the -inf tie and the id tie-break runs over most of the row
         u = torch.rand(q, n, generator=g, device=device)
@@ -140,6 +142,8 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
          # registers; default select_kernel.refine_min: 4096 / 8192), every bin (no finish
          # compiled), or none (the finish's chunks)
          "row_refine4k": dict(refine=4096), "row_refine_all": dict(refine=0), "row_norefine": dict(refine=16384),
+         # (bins of 1025 / 2049 .. 4096 refined too, not put in the finish's registers)
+         "row_refine1k": dict(refine=1024), "row_refine2k": dict(refine=2048),
          # the row kernel's ordering over as many buckets as winner slots (default twice as many)
          "row_ob1x": dict(order_buckets=max(2, 1 << (k - 1).bit_length())),
          "staged_d4": dict(path="staged", staged=dict(radix_bits=4)),

@@ -46,7 +46,7 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
 * Finish (``select_finish.finish_row``, shared with the staged path): a radix select over the
   in-play list on the score key, then the id, then the position, appends the still-needed
   winners to ``W``. The 8192 and 16384 tiles refine a cutoff bin of more than ``refine_min``
-  on the tile instead (``refine_row``: the same three keys by bisection, one count over the
+  (1024 / 4096) on the tile instead (``refine_row``: the same three keys by bisection, one count over the
   tile a bit, in the 8192 tile two candidates a compare for the id and the position,
   ``smallest_cut``; such a bin is not put in play): a mass tie, such as a short context padded
   with ``-inf`` scores and valid ids.
@@ -103,7 +103,9 @@ PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
 STAGED_LONG_ROWS = (8, 65536)  # and up to 8 rows of SPREAD_MIN + 1 .. 65536 candidates
-REFINE_MIN = 8192  # the 16384 register tile refines a cutoff bin of more candidates than this on the tile (refine_min)
+# the register tiles refine a cutoff bin of more candidates than this on the tile (refine_min): the
+# 8192 tile from the finish's first register tier, the 16384 tile from its second
+REFINE_FROM = {8192: 1024, 16384: 4096}
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
 SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
 SAMPLE_CAP = 8192  # and keep at most this many at or above it (a register tile); else the histogram passes
@@ -214,11 +216,32 @@ def register_tile(n: int) -> int:
 
 def refine_min(block: int, fr2: int) -> int:
     """The default ``refine`` of a register tile of ``block`` keys whose finish holds ``fr2``
-    in-play candidates in registers: the 16384 tile refines a cutoff bin of more than
-    ``REFINE_MIN`` candidates (bins of fr2 + 1 .. 8192 go to the finish's chunks: 5 % faster than
-    refining a bin of about 4100, docs/benchmarks_select_kernel.md), a smaller tile every bin
-    beyond the finish's registers (no chunks compiled)."""
-    return REFINE_MIN if block > REFINE_MIN else min(fr2, block)
+    in-play candidates in registers: the tile refines a cutoff bin of more candidates than this
+    on itself (``REFINE_FROM``), and the finish takes the smaller bins. H200, graph replay, 64-4096
+    rows, two rounds (docs/benchmarks_select_kernel.md, session 17): the 16384 tile refining bins
+    beyond 4096 instead of 8192 took 0.81-0.92x the time with a tie group of a quarter of the
+    row at N = 16384 (bins about 4096, half of them beyond), from 1024 or 2048 1.20-1.33x where
+    the bins hold 1500-3000 (the refinement counts the whole tile a step, the finish the bin); the
+    8192 tile refining beyond 1024 instead of 4096 took 0.89-0.997x with bins of about 1024 and
+    2048, from 2048 1.00-1.03x. Where no table entry fits (a tile of at most ``fr2``): every bin
+    beyond the finish's registers, which is none."""
+    return REFINE_FROM.get(block, min(fr2, block))
+
+
+def finish_max(block: int, resident: bool, refine: int, fr2: int) -> int:
+    """The finish's ``MMAX`` in the row kernel (constexpr ``FMAX``, given the kernel's ``REFINE``):
+    the most candidates a cutoff bin that reaches the finish holds, 0 for any; its chunks are
+    compiled unless that fits its registers (``fr2``). A tile that refines the bins beyond
+    ``refine <= fr2`` leaves the finish nothing beyond its registers; but the 16384 tile
+    compiles the chunks all the same: without them ptxas allocates the kernel's body otherwise,
+    and random rows, which never reach that code, took 1.02-1.03x the time (session 15, H200);
+    with them the kernel is the SASS of the 8192 threshold but for that threshold's immediate
+    (``python tools/compile_select_kernels.py --sass``, Triton 3.6)."""
+    if not resident:
+        return 0
+    if block <= fr2 or refine >= block:  # no refinement compiled: the finish sees the whole bin
+        return block
+    return fr2 if refine <= fr2 and block <= 8192 else 0
 
 
 def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
@@ -600,7 +623,7 @@ if _HAVE_TRITON:
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                     ORDER: tl.constexpr, REFINE: tl.constexpr, OB: tl.constexpr, SAMPLE: tl.constexpr = 0,
                     CAP: tl.constexpr = 16, SB: tl.constexpr = 16, HITS: tl.constexpr = False,
-                    ZF: tl.constexpr = False, PARTS: tl.constexpr = False):
+                    ZF: tl.constexpr = False, PARTS: tl.constexpr = False, FMAX: tl.constexpr = 0):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
@@ -610,7 +633,8 @@ if _HAVE_TRITON:
         # passes and the compaction pass by a register tile; HITS: hit_ptr[row] = 1 where they
         # did, else 0; ZF (with ORDER): the ordering's bucket sizes are zeroed after the
         # compaction, not by the ordering (its store and barrier before the atomics); PARTS
-        # (with ORDER): after a refinement the ordering maps its winners in parts at once (parts_first)
+        # (with ORDER): after a refinement the ordering maps its winners in parts at once (parts_first);
+        # FMAX: the most candidates a cutoff bin that reaches the finish holds, 0: any (finish_max)
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -681,12 +705,12 @@ if _HAVE_TRITON:
                 refine_row(sc_row, id_row, p_row, wk_row, wv_row, wo_row, cnt_ptr, row, N, nsel, above, P, BLOCK, KB)
             elif REFINE == 0:  # every bin refined: no finish compiled
                 tl.store(cnt_ptr + row, nsel)
-            else:  # (REFINE == FR2: every bin the finish sees fits its registers, no chunks compiled)
+            else:  # (FMAX: the finish's chunks compiled or not, finish_max)
                 finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above,
-                           m, KB, D, CH, FR1, FR2, FR2 if REFINE == FR2 else 0)
+                           m, KB, D, CH, FR1, FR2, FMAX)
         else:
             finish_row(sc_ptr, id_ptr, p_ptr, wk_ptr, wv_ptr, wo_ptr, cnt_ptr, row, N, s_sq, s_iq, nsel, above, m,
-                       KB, D, CH, FR1, FR2, BLOCK if RESIDENT else 0)
+                       KB, D, CH, FR1, FR2, FMAX)
         if ORDER:
             tl.debug_barrier()
             order_row(wk_row, wo_row, nsel, z_ptr + row * (ORDER_SCRATCH * KB), sc_row, oid_ptr + row * s_oi,
@@ -825,13 +849,14 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if refine < 0:
         raise ValueError(f"refine must be >= 0, got {refine}")
     hits = sample_hits is not None and n_sample > 0
+    ref = min(refine, RESIDENT_MAX) if resident and block > fr2 else 0  # (0 elsewhere: one kernel)
     launch(_row_kernel, (q,), scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, sb,
            sample_hits if hits else sb, n, k, scores.stride(0), ids.stride(0),
            out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
            D=digits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
-           REFINE=min(refine, RESIDENT_MAX) if resident and block > fr2 else 0,  # (0 elsewhere: one kernel)
-           OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits, ZF=fused and zero_first(block, resident),
-           PARTS=fused and parts_first(block, resident), num_warps=nw)
+           REFINE=ref, OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits,
+           ZF=fused and zero_first(block, resident), PARTS=fused and parts_first(block, resident),
+           FMAX=finish_max(block, resident, ref, fr2), num_warps=nw)
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, scores=scores)

@@ -402,6 +402,31 @@ def test_row_mass_tie_in_registers(kind, refine):
             check_equal(got, ref_python(scores, ids, k), f"{kind} python n={n} k={k}")
 
 
+@pytest.mark.parametrize("n,bins", [(8000, (1024, 1025, 2048, 4096, 4097)), (16000, (4096, 4097, 8192, 8193))],
+                         ids=["tile8192", "tile16384"])
+def test_row_refine_threshold_edges(n, bins):
+    """A cutoff bin (candidates sharing the cutoff's 12-bit prefix, here one tied score) of just
+    as many candidates as ``select_kernel.refine_min`` sends to the finish, and one more, which
+    the tile refines (the 8192 tile from 1024, the 16384 tile from 4096; the 16384 tile's finish
+    keeps its chunks, ``finish_max``), and bins at the finish's tiers: distinct scores in another
+    octave above the bin and below it, shuffled, ids a permutation with gaps; the cutoff inside
+    the bin, so the id decides which of the tie win. Both references."""
+    _require_kernel()
+    g = torch.Generator().manual_seed(n)
+    for b in bins:
+        above = 700
+        k = min(sk.MAX_K, above + b // 2 + 1)  # (the cutoff inside the bin either way)
+        sc = torch.cat([2.0 + torch.rand(above, generator=g),  # (2, 3): above the bin's octave
+                        torch.full((b,), 0.75),  # the bin: one score
+                        -2.0 - torch.rand(n - above - b, generator=g)])  # below
+        perm = torch.randperm(n, generator=g)
+        scores = sc[perm].reshape(1, n).contiguous()
+        ids = (torch.randperm(3 * n, generator=g)[:n]).to(torch.int32).reshape(1, n).contiguous()
+        got = run_kernel(scores, ids, k, path="row")
+        check_equal(got, ref_packed(scores, ids, k), f"n={n} bin={b} k={k}")
+        check_equal(got, ref_python(scores, ids, k), f"python n={n} bin={b} k={k}")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_row_refine_every_bin(kind):
     """The 16384 register tile's refinement (the cutoff bin's score key, id and position found by

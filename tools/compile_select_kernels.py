@@ -88,6 +88,9 @@ KERNELS.update({
     "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
                                                                      **dict(_R16, ORDER=False, ZF=False)), 16),
 })
+for _fn, _c, _w in KERNELS.values():  # the finish's largest bin, as triton_ordered_select gives it
+    if _fn is sk._row_kernel:
+        _c.setdefault("FMAX", sk.finish_max(_c["BLOCK"], _c["RESIDENT"], _c["REFINE"], _c["FR2"]))
 
 
 def ptxas_usage(ptx: str, arch: int) -> str:
@@ -199,7 +202,29 @@ def sass_spills(cubin: bytes, out: str | None = None) -> str:
             fh.write(text)
     stl = sum(" STL" in ln for ln in lines)
     ldl = sum(" LDL" in ln for ln in lines)
-    return f"SASS {len(lines)} instructions (text sha1 {hashlib.sha1(text.encode()).hexdigest()[:12]}), {stl} STL / {ldl} LDL"
+    body = sass_text(sass_regions(lines)[0])
+    return (f"SASS {len(lines)} instructions (text sha1 {_sha(text)}; the kernel's body, up to its first "
+            f"device function, sha1 {_sha(body)}), {stl} STL / {ldl} LDL")
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def sass_regions(lines: list[str]) -> list[list[str]]:
+    """The SASS lines cut at each call target (the kernel's body first, then its noinline device
+    functions, which cuobjdump lists in the kernel's one section): a change inside a device
+    function that leaves the body's text as it was leaves the body's register allocation too."""
+    targets = sorted({int(m.group(1), 16) for ln in lines if (m := re.search(r"CALL\.REL\S* (0x[0-9a-f]+)", ln))})
+    regions, cur, cuts = [], [], iter(targets + [None])
+    cut = next(cuts)
+    for ln in lines:
+        addr = int(re.match(r"\s+/\*([0-9a-f]+)\*/", ln).group(1), 16)
+        while cut is not None and addr >= cut:
+            regions.append(cur)
+            cur, cut = [], next(cuts)
+        cur.append(ln)
+    return regions + [cur]
 
 
 def ptx_functions(ptx: str) -> str:
