@@ -441,7 +441,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     kb = max(2, st.next_pow2(k))
     if n > sk.RESIDENT_MAX:
         raise ValueError(f"the bench kernel holds the row in registers (N <= {sk.RESIDENT_MAX}), got N={n}")
-    block, nw, _, _ = sk.row_config(n, q, resident=True)
+    block, nw, _, _, maxnreg = sk.row_config(n, q, resident=True)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
     z = torch.empty((q * ORDER_SCRATCH.value * kb,), dtype=torch.int32, device=scores.device)
     out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
@@ -457,7 +457,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
                              SPLIT_AT=SPLIT.value if split_at is None else int(split_at), ORDV=int(ordv),
                              OSTOP=int(ostop), HALVING=bool(halving), REFINE=ref,
                              ZF=prod and sk.zero_first(block, True), PARTS=prod and sk.parts_first(block, True),
-                             MMAX=mmax, num_warps=nw)
+                             MMAX=mmax, num_warps=nw, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     if split:
         bucket_kernel[(q,)](wk, wo, cnt, z, scores, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
                             out_sc.stride(0), KB=kb, num_warps=split_warps,

@@ -61,6 +61,9 @@ GRIDS = {
     "edge": [(n, q) for n in (32768, 65536, 131072) for q in (5, 6, 7, 8, 9, 12)],
     # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
     # tile of 4096 (row_s4k_*), with --variants
+    # the register tiles at many rows: 16 warps, 4 (the 4096 tile's default up to session 17) and 8
+    # capped at 128 registers a thread; with --variants --only row_w8r128,row_w4r128,row_w16,row_w4
+    "occupancy8k": [(n, q) for n in (2500, 4096, 6000, 8192, 16384) for q in (64, 128, 192, 256, 1024, 4096)],
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
     # mass ties (thousands of candidates in play) and random scores across the row paths' tiles
     # and the staged path, with --variants (record select_kernel_h200_finish_*.json)
@@ -185,6 +188,14 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
         v["row_sample1k"] = dict(resident=False, sample=1024, sample_cap=4096)
     if q > 4 and 8192 < n <= 16384:  # chunks with the sampled cutoff where row_config holds the row in registers
         v["row_sampled"] = dict(resident=False, sample=2048)
+    if q >= 64 and n <= 16384:  # register tiles capped at 128 registers a thread, so that two 8-warp
+        # programs (four 4-warp ones) share an SM (row_config's default for the 4096 and 8192 tiles
+        # beyond FEW_ROWS_MAX rows), and 16 warps uncapped (the 8192 tile's default up to session 17)
+        v["row_w8r128"] = dict(resident=True, num_warps=8, maxnreg=128)
+        if n > 4096:
+            v["row_w16"] = dict(resident=True, num_warps=16)
+        if n <= 4096:
+            v["row_w4r128"] = dict(resident=True, num_warps=4, maxnreg=128)
     if q > 4 and n > 4096:  # a sampled tile of 4096 (chunks): smaller programs, several an SM
         for w in (4, 8, 16):
             v[f"row_s4k_w{w}"] = dict(resident=False, num_warps=w, chunk=256 * w, sample=2048, sample_cap=4096)

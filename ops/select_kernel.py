@@ -106,7 +106,9 @@ STAGED_LONG_ROWS = (8, 65536)  # and up to 8 rows of SPREAD_MIN + 1 .. 65536 can
 # the register tiles refine a cutoff bin of more candidates than this on the tile (refine_min): the
 # 8192 tile from the finish's first register tier, the 16384 tile from its second
 REFINE_FROM = {8192: 1024, 16384: 4096}
-FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps
+FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps,
+# and beyond, the 4096 and 8192 tiles take 8 warps capped at 128 registers a thread (two programs an SM)
+MANY_ROWS = (8, 128)  # (num_warps, maxnreg)
 SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
 SAMPLE_CAP = 8192  # and keep at most this many at or above it (a register tile); else the histogram passes
 SAMPLE_BITS = 16  # the sampled cutoff's bits found by bisection (from the highest bit in which the samples differ)
@@ -244,15 +246,22 @@ def finish_max(block: int, resident: bool, refine: int, fr2: int) -> int:
     return fr2 if refine <= fr2 and block <= 8192 else 0
 
 
-def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
-    """(block, num_warps, chunk, resident) of the row kernel for ``q`` rows of ``n`` candidates.
+def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None, maxnreg=None):
+    """(block, num_warps, chunk, resident, maxnreg) of the row kernel for ``q`` rows of ``n``
+    candidates (``maxnreg``: Triton's cap on a thread's registers, None: ptxas's choice).
 
     Register tiles of 4096, 8192 or 16384 keys (``register_tile``; so a new ``N`` reuses a
     compiled kernel) up to ``RESIDENT_MAX``; beyond, chunks re-read from memory (4096 with 16
     warps). A chunk is a power of two of at most 16384 candidates (the compaction counts two
-    fields of 16 bits in one scan). The 4096 register tile takes 16 warps (a row's latency spread
-    over more threads) up to ``FEW_ROWS_MAX`` rows, 4 (several programs an SM) beyond; the
-    larger tiles 16.
+    fields of 16 bits in one scan). The register tiles take 16 warps (a row's latency spread over
+    more threads) up to ``FEW_ROWS_MAX`` rows; beyond, the 4096 and 8192 tiles take 8 warps
+    capped at 128 registers a thread (``MANY_ROWS``), so that two programs share an SM (16 warps
+    take the whole register file at 128 registers, one program an SM), and the 16384 tile keeps
+    16. H200, k = 2048, graph replay, two rounds (``--grid occupancy8k --variants``, session 17 of
+    docs/benchmarks_select_kernel.md): from 256 rows the capped 8 warps took 0.77-0.85x the time
+    of 16 at N = 6000 and 8192 on every pattern, 0.94-0.99x (random), 0.62-0.91x (a short
+    context) and 0.73-0.98x (ties) that of 4 uncapped at N = 2500 and 4096; at 64 rows, an SM a
+    row, 1.04-1.12x that of 16. (Until then the 4096 tile took 4 warps beyond ``FEW_ROWS_MAX``.)
 
     H200, k = 2048, graph replay (bench_select_kernel.py --variants --grid tile8k, record
     select_kernel_h200_tile8k.json): at N = 6000 and 8192, 8 to 4096 rows, the 8192 tile took
@@ -275,16 +284,18 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None):
         _check_tile("chunk", chunk)
     block = register_tile(n) if resident else max(16, select_staged.next_pow2(n))
     if num_warps is None:
-        if resident:
-            num_warps = 16 if block > 4096 or q <= FEW_ROWS_MAX else 4
-        else:
-            num_warps = 16
+        num_warps = 16
+        if resident and block <= 8192 and q > FEW_ROWS_MAX:
+            num_warps = MANY_ROWS[0]
+            maxnreg = MANY_ROWS[1] if maxnreg is None else maxnreg
     if chunk is None:
         chunk = 256 * num_warps
     chunk = min(block, int(chunk))
     if not resident:
         block = chunk  # the tile a pass holds: one chunk
-    return int(block), int(num_warps), chunk, bool(resident)
+    if maxnreg is not None and not 16 <= int(maxnreg) <= 255:
+        raise ValueError(f"maxnreg must be in 16..255, got {maxnreg}")
+    return int(block), int(num_warps), chunk, bool(resident), None if maxnreg is None else int(maxnreg)
 
 
 def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, int]:
@@ -748,7 +759,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
                           refine: int | None = None, sample: int | None = None, sample_cap: int | None = None,
                           order_buckets: int | None = None, sample_hits: torch.Tensor | None = None,
-                          staged: dict | None = None):
+                          staged: dict | None = None, maxnreg: int | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
@@ -756,7 +767,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     synchronisation; safe to capture in a CUDA graph (after a first, compiling call outside
     capture). ``path``: ``"row"`` or ``"staged"`` (default
     ``choose_path``). ``order``: the final ordering, ``"rank"`` or ``"sort"`` (default by Q,
-    ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``chunk``,
+    ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``maxnreg``
+    (Triton's cap on a thread's registers; default ``row_config``'s), ``chunk``,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
     (the 8192 and 16384 register tiles refine a cutoff bin of more candidates than this on the
     tile, default ``refine_min``; smaller bins go to the finish, in registers up to 4096, in
@@ -773,7 +785,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     # parallel compile), before any is resolved
     given = dict(path=path, order=order, num_warps=num_warps, chunk=chunk, resident=resident, radix_bits=radix_bits,
                  refine=refine, sample=sample, sample_cap=sample_cap, order_buckets=order_buckets,
-                 sample_hits=sample_hits, staged=staged)
+                 sample_hits=sample_hits, staged=staged, maxnreg=maxnreg)
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
     if scores.dim() != 2 or ids.shape != scores.shape:
@@ -792,7 +804,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     q, n = scores.shape
     if not supports(n, k):
         raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
-    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, order_buckets, sample_hits)
+    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, order_buckets, maxnreg, sample_hits)
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     if path is None:  # an option of one path asks for that path; else the dispatcher decides
         if any(o is not None for o in row_opts):
@@ -832,7 +844,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         ids = ids.contiguous()
     if path == "staged":
         return select_staged.staged_select(scores, ids, k, out_ids, out_sc, n_sm, order=order, **dict(staged or {}))
-    block, nw, chunk, resident = row_config(n, q, num_warps, chunk, resident)
+    block, nw, chunk, resident, maxnreg = row_config(n, q, num_warps, chunk, resident, maxnreg)
     n_sample, cap = sample_config(n, resident, sample, sample_cap)
     if sample_hits is not None and (sample_hits.shape != (q,) or sample_hits.dtype != torch.int32
                                     or sample_hits.device != scores.device or not sample_hits.is_contiguous()):
@@ -856,7 +868,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
            D=digits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
            REFINE=ref, OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits,
            ZF=fused and zero_first(block, resident), PARTS=fused and parts_first(block, resident),
-           FMAX=finish_max(block, resident, ref, fr2), num_warps=nw)
+           FMAX=finish_max(block, resident, ref, fr2), num_warps=nw,
+           **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     if fused:
         return out_ids, out_sc
     return order_winners(wk, wv, wo, cnt, out_ids, out_sc, k, kb, n_sm, order, scores=scores)

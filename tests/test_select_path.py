@@ -25,10 +25,12 @@ def test_path_policy():
 
 def test_launch_plans_are_shape_generic():
     """Shapes of one tile class share a plan (one set of compiled kernels); the plan changes
-    only where a constexpr does (path, register tile, k's power of two, ordering)."""
+    only where a constexpr or a launch option does (path, register tile, k's power of two,
+    ordering, warps)."""
     assert sk.launch_plan(1, 16384, 2048) == sk.launch_plan(2, 12000, 1025) == sk.launch_plan(3, 9001, 2048)
     assert sk.launch_plan(20, 9000, 2048) == sk.launch_plan(1000, 16384, 2048)
-    assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(1000, 8192, 2048)  # chunks of 4096
+    assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(128, 8192, 2048)  # the 8192 tile, 16 warps
+    assert sk.launch_plan(129, 5000, 2048) == sk.launch_plan(1000, 8192, 2048)  # 8 warps, capped registers
     assert sk.launch_plan(100, 40000, 2048) == sk.launch_plan(4096, 131072, 2048)
     assert sk.launch_plan(100, 16385, 2048) == sk.launch_plan(4096, 32768, 2048)  # chunks, sampled cutoff
     assert sk.launch_plan(100, 16385, 2048) != sk.launch_plan(100, 8192, 2048)  # (not at 4097..8192)
@@ -41,21 +43,30 @@ def test_launch_plans_are_shape_generic():
 
 
 def test_row_tiles():
-    """The row kernel's tile (block, warps, chunk, in registers; then the sampled cutoff's sample
-    and tile) by row length and rows, at the H200 crossovers that select_kernel.row_config names.
-    Rows re-read in chunks beyond RESIDENT_MAX take the sampled cutoff."""
+    """The row kernel's tile (block, warps, chunk, in registers, register cap; then the sampled
+    cutoff's sample and tile) by row length and rows, at the H200 crossovers that
+    select_kernel.row_config names. Rows re-read in chunks beyond RESIDENT_MAX take the sampled
+    cutoff; beyond FEW_ROWS_MAX rows the 4096 and 8192 tiles take 8 warps of at most 128
+    registers a thread (two programs an SM)."""
     s = (sk.SAMPLE, sk.SAMPLE_CAP)
-    assert sk.launch_plan(8, 8192, 2048)[3:] == (8192, 16, 4096, True, 0, 0)  # 4097..8192 a row: the 8192 tile
-    assert sk.launch_plan(4096, 4097, 2048)[3:] == (8192, 16, 4096, True, 0, 0)
+    assert sk.launch_plan(8, 8192, 2048)[3:] == (8192, 16, 4096, True, None, 0, 0)  # 4097..8192: the 8192 tile
+    assert sk.launch_plan(128, 4097, 2048)[3:] == (8192, 16, 4096, True, None, 0, 0)
+    assert sk.launch_plan(129, 4097, 2048)[3:] == (8192, 8, 2048, True, 128, 0, 0)  # beyond FEW_ROWS_MAX
+    assert sk.launch_plan(4096, 8192, 2048)[3:] == (8192, 8, 2048, True, 128, 0, 0)
     assert sk.launch_plan(64, 6000, 2048) == sk.launch_plan(64, 8192, 2048) != sk.launch_plan(64, 8193, 2048)
-    assert sk.row_config(6000, 64, resident=False) == (4096, 16, 4096, False)  # chunks: an option
-    assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True, 0, 0)
-    assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True, 0, 0)  # up to FEW_ROWS_MAX: 16 warps
-    assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 4, 1024, True, 0, 0)
-    assert sk.launch_plan(64, 16385, 2048)[3:] == (4096, 16, 4096, False) + s
-    assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False) + s
-    assert sk.launch_plan(64, 32769, 2048)[3:] == (4096, 16, 4096, False) + s
-    assert sk.launch_plan(64, 131072, 2048)[3:] == (4096, 16, 4096, False) + s
+    assert sk.row_config(6000, 64, resident=False) == (4096, 16, 4096, False, None)  # chunks: an option
+    assert sk.row_config(6000, 1024, num_warps=16) == (8192, 16, 4096, True, None)  # warps given: no cap
+    assert sk.row_config(6000, 1024, maxnreg=96) == (8192, 8, 2048, True, 96)
+    with pytest.raises(ValueError):
+        sk.row_config(6000, 1024, maxnreg=8)
+    assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True, None, 0, 0)
+    assert sk.launch_plan(4096, 16384, 2048)[3:] == (16384, 16, 4096, True, None, 0, 0)  # the 16384 tile: 16 warps
+    assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True, None, 0, 0)  # up to FEW_ROWS_MAX: 16 warps
+    assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 8, 2048, True, 128, 0, 0)
+    assert sk.launch_plan(64, 16385, 2048)[3:] == (4096, 16, 4096, False, None) + s
+    assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False, None) + s
+    assert sk.launch_plan(1024, 32769, 2048)[3:] == (4096, 16, 4096, False, None) + s
+    assert sk.launch_plan(64, 131072, 2048)[3:] == (4096, 16, 4096, False, None) + s
 
 
 def test_sample_config():

@@ -114,17 +114,19 @@ def ptxas_usage(ptx: str, arch: int) -> str:
             + (f" ({spills[0]} in the kernel's body, the rest in its noinline functions)" if len(spills) > 1 else ""))
 
 
-def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict | None = None):
+def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict | None = None, maxnreg=None):
     """Triton's whole pipeline for ``fn`` at ``consts``; ``stage_seconds`` (a dict) receives the
-    seconds of each of the backend's stages (ttir, ttgir, llir, ptx, cubin)."""
+    seconds of each of the backend's stages (ttir, ttgir, llir, ptx, cubin); ``maxnreg``: Triton's
+    register cap a thread (None: ptxas's choice)."""
     names = fn.arg_names
     consts = dict({p.name: p.default for p in fn.params  # constexprs left out take their defaults
                    if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty}, **consts)
     sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
     target = GPUTarget("cuda", arch, 32)
+    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     if stage_seconds is None:
-        return triton.compile(src, target=target, options={"num_warps": num_warps})
+        return triton.compile(src, target=target, options=options)
     from triton.backends.nvidia.compiler import CUDABackend
 
     add_stages = CUDABackend.add_stages
@@ -142,7 +144,7 @@ def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict
 
     CUDABackend.add_stages = timed
     try:
-        return triton.compile(src, target=target, options={"num_warps": num_warps})
+        return triton.compile(src, target=target, options=options)
     finally:
         CUDABackend.add_stages = add_stages
 
@@ -277,6 +279,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sass-out", default="", help="a folder that receives each kernel's SASS text (for a diff "
                                                   "against another tree's; implies --sass)")
     ap.add_argument("--num-warps", type=int, default=None, help="compile with these warps instead of each kernel's")
+    ap.add_argument("--maxnreg", type=int, default=None, help="cap a thread's registers (Triton's maxnreg option)")
     ap.add_argument("--functions", action="store_true", help="also the PTX instruction lines of each function")
     ap.add_argument("--consts", default="", help="NAME=INT,... constexprs that override each selected kernel's "
                                                 "(a kernel without such a parameter is compiled as it is)")
@@ -301,7 +304,7 @@ def main(argv=None) -> int:
             prof.enable()
         try:
             k = compile_one(fn, dict(consts, **{c: v for c, v in over.items() if c in fn.arg_names}),
-                            a.num_warps or nw, a.arch, stages)
+                            a.num_warps or nw, a.arch, stages, a.maxnreg)
             dt = time.time() - t0
             if prof is not None:
                 prof.disable()
@@ -311,6 +314,7 @@ def main(argv=None) -> int:
                 by_stage = " (" + ", ".join(f"{n} {v:.2f}" for n, v in stages.items()) + \
                     f", front end {dt - sum(stages.values()):.2f})"
             print(f"ok   {name}: {dt:.1f} s{by_stage}, cubin {len(k.asm['cubin'])} bytes, "
+                  f"{k.metadata.shared} bytes of shared memory, "
                   f"{ptxas_usage(k.asm['ptx'], a.arch)}" + (f", {sass_spills(k.asm['cubin'], sass_file(a.sass_out, name))}"
                                                             if a.sass else "")
                   + (f"; PTX lines: {ptx_functions(k.asm['ptx'])}" if a.functions else ""), flush=True)
