@@ -249,6 +249,26 @@ def test_against_packed_topk(kind, k, n, path):
         check_equal(run_kernel(scores, ids, k, path=path), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k} {path}")
 
 
+@pytest.mark.parametrize("kind", KINDS + ["neginf"])
+@pytest.mark.parametrize("n", [3000, 6000, 8192])
+def test_many_rows_capped_tiles(n, kind):
+    """Beyond ``FEW_ROWS_MAX`` rows the 4096 and 8192 register tiles run 8 warps capped at 128
+    registers a thread (``row_config``'s ``MANY_ROWS``; spills into local memory): every input
+    kind, a mass tie among them, at k of 1, 64 and 2048, against the packed reference. (On the
+    GPU only: the interpreter ignores the cap, and 300 rows would take it minutes.)"""
+    _require_kernel()
+    if INTERPRET:
+        pytest.skip("the register cap is a compiled kernel's (GPU)")
+    q = 300
+    assert sk.row_config(n, q)[1:] == (sk.MANY_ROWS[0], 256 * sk.MANY_ROWS[0], True, sk.MANY_ROWS[1])
+    for k in (1, 64, 2048):
+        if kind == "neginf":
+            scores, ids = _mass_tie("neginf", q, n, seed=n + k)
+        else:
+            scores, ids = make_case(kind, q, n, k, seed=n + 7 * k, device=_device())
+        check_equal(run_kernel(scores, ids, k), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
+
+
 ORDERS = [("row", "rank"), ("row", "sort"), ("row", "bucket"), ("staged", "rank"), ("staged", "sort"),
           ("staged", "bucket")]
 
