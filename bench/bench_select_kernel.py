@@ -64,6 +64,8 @@ GRIDS = {
     # the register tiles at many rows: 16 warps, 4 (the 4096 tile's default up to session 17) and 8
     # capped at 128 registers a thread; with --variants --only row_w8r128,row_w4r128,row_w16,row_w4
     "occupancy8k": [(n, q) for n in (2500, 4096, 6000, 8192, 16384) for q in (64, 128, 192, 256, 1024, 4096)],
+    # rows re-read in chunks at many rows, with --variants --only row_c8r128
+    "occupancy_long": [(n, q) for n in (20000, 32768, 65536, 131072) for q in (64, 192, 256, 1024)],
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
     # mass ties (thousands of candidates in play) and random scores across the row paths' tiles
     # and the staged path, with --variants (record select_kernel_h200_finish_*.json)
@@ -180,6 +182,8 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
             v.update(row_w4=dict(resident=True, num_warps=4), row_w16=dict(resident=True, num_warps=16))
         v.update(row_c16=dict(resident=False, num_warps=16, chunk=4096),
                  row_c32=dict(resident=False, num_warps=32, chunk=8192))
+    if q >= 64 and n > 16384:  # rows re-read in chunks, 8 warps capped at 128 registers (two programs an SM)
+        v["row_c8r128"] = dict(resident=False, num_warps=8, maxnreg=128)
     if q > 4 and n > 16384:  # rows re-read in chunks: without the sampled cutoff (the histogram passes)
         v.update(row_nosample=dict(resident=False, sample=0),
                  row_c16n=dict(resident=False, num_warps=16, chunk=4096, sample=0),
