@@ -1,21 +1,26 @@
 """Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
 
-    python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [--sass [--sass-out DIR]] [--num-warps W] [name ...]
+    python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [--sass [--sass-out DIR]] [--num-warps W]
+                                           [--maxnreg R] [--consts NAME=INT,...] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
-tile classes of k = 2048, without a GPU, and prints each one's compile seconds and cubin size
-(a lower bound on what a cold first call costs on the GPU host), and, from the bundled ptxas's
-``-v`` on the same PTX, the registers a thread and the spill bytes (what bounds how many
-programs share an SM). It checks code generation only; the Triton interpreter (``TRITON_INTERPRET=1``, tests/test_select_kernel_gpu.py) checks
+tile classes of k = 2048, without a GPU, and prints each one's compile seconds, cubin size
+(a lower bound on what a cold first call costs on the GPU host) and shared memory a program,
+and, from the bundled ptxas's ``-v`` on the same PTX, the registers a thread and the spill
+bytes (what bounds how many programs share an SM). It checks code generation only; the Triton interpreter (``TRITON_INTERPRET=1``, tests/test_select_kernel_gpu.py) checks
 what the kernels compute. Names select kernels by substring. ``--stages`` adds the seconds of
 each stage of the pipeline (the rest of the total is Triton's Python front end). Every run
 compiles into a fresh temporary Triton cache, so the seconds are always those of a cold
 compile. ``--functions`` adds the PTX instruction lines of the kernel and of each noinline
 device function. ``--sass`` adds the SASS's instruction count, a digest of its text (instructions without
 addresses and encodings: two trees whose digests are equal compiled the same code, so a timing
-of one holds for the other) and its spill stores / loads (STL / LDL, from the bundled
-cuobjdump); ``--sass-out DIR`` writes each kernel's SASS text there, for a diff; ``--num-warps`` compiles with other warps than each kernel's own;
+of one holds for the other), a digest of the kernel's body alone (up to its first noinline
+device function: a change inside a device function that leaves it equal left the body's
+register allocation as it was) and its spill stores / loads (STL / LDL, from the bundled
+cuobjdump); ``--sass-out DIR`` writes each kernel's SASS text there, for a diff; ``--num-warps``
+compiles with other warps than each kernel's own, ``--maxnreg`` with Triton's cap on a thread's
+registers;
 ``--consts OB=2048,REFINE=16384`` overrides constexprs (a variant against the production kernel).
 ``--profile`` adds where Triton's Python front end spent the compile (cProfile: the code
 generator's seconds, the jit functions it generated, the functions with most time of their own).
