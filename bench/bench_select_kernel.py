@@ -64,6 +64,9 @@ GRIDS = {
     # the register tiles at many rows: 16 warps, 4 (the 4096 tile's default up to session 17) and 8
     # capped at 128 registers a thread; with --variants --only row_w8r128,row_w4r128,row_w16,row_w4
     "occupancy8k": [(n, q) for n in (2500, 4096, 6000, 8192, 16384) for q in (64, 128, 192, 256, 1024, 4096)],
+    # the 8192 tile's refinement threshold under its capped 8 warps (beyond FEW_ROWS_MAX rows), with
+    # --variants --only row_refine2k,row_refine4k
+    "refine8k": [(8192, q) for q in (256, 1024, 4096)] + [(6000, 1024)],
     # rows re-read in chunks at many rows, with --variants --only row_c8r128
     "occupancy_long": [(n, q) for n in (20000, 32768, 65536, 131072) for q in (64, 192, 256, 1024)],
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
