@@ -69,6 +69,23 @@ def test_row_tiles():
     assert sk.launch_plan(64, 131072, 2048)[3:] == (4096, 16, 4096, False, None) + s
 
 
+def test_refinement_and_finish_tiers():
+    """Which cutoff bins a register tile refines on itself (refine_min: the 8192 tile beyond 1024,
+    the 16384 tile beyond 4096) and what the finish is compiled for (finish_max: the largest bin
+    it sees, 0 for any, i.e. its chunks compiled): the 8192 tile's finish holds every bin it
+    sees in registers; the 16384 tile keeps its chunks (its body's register allocation);
+    without a refinement the finish sees the whole tile; rows in chunks, any bin."""
+    fr1, fr2 = 1024, 4096
+    assert sk.refine_min(8192, fr2) == 1024 and sk.refine_min(16384, fr2) == 4096
+    assert sk.refine_min(4096, fr2) == 4096  # (no refinement compiled: the tile fits the finish)
+    assert sk.finish_max(8192, True, sk.refine_min(8192, fr2), fr2) == fr2
+    assert sk.finish_max(16384, True, sk.refine_min(16384, fr2), fr2) == 0
+    assert sk.finish_max(16384, True, 8192, fr2) == 0
+    assert sk.finish_max(8192, True, 8192, fr2) == 8192  # refine >= the tile: none compiled
+    assert sk.finish_max(4096, True, 0, fr2) == 4096
+    assert sk.finish_max(4096, False, 0, fr2) == 0
+
+
 def test_sample_config():
     """The sampled cutoff's options: powers of two in 16..16384, rows re-read in chunks only."""
     assert sk.sample_config(20000, False) == (sk.SAMPLE, sk.SAMPLE_CAP)
