@@ -450,7 +450,7 @@ def row_prefix(scores, ids, k, stop=5, scan1d=False, split=False, split_warps=16
     prod = refine and not split and not scratch and ordv == 0 and ostop == 5  # the production ordering
     ref = sk.refine_min(block, fr2) if refine and block > fr2 else 0
     # the finish's largest bin, as production compiles it (select_kernel.finish_max)
-    mmax = (sk.finish_max(block, True, ref, fr2) if ref else block) if refine else 0
+    mmax = sk.finish_max(block, True, ref, fr2) if refine else 0
     _row_prefix_kernel[(q,)](scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, n, k, scores.stride(0),
                              ids.stride(0), out_ids.stride(0), out_sc.stride(0), BLOCK=block, KB=kb, D=5, CH=2048,
                              FR1=fr1, FR2=fr2, STOP=4 if split else stop, SCAN1D=scan1d, HIST=bool(hist), SCRATCH=bool(scratch),

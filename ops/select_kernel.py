@@ -248,7 +248,8 @@ def finish_max(block: int, resident: bool, refine: int, fr2: int) -> int:
 
 def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None, maxnreg=None):
     """(block, num_warps, chunk, resident, maxnreg) of the row kernel for ``q`` rows of ``n``
-    candidates (``maxnreg``: Triton's cap on a thread's registers, None: ptxas's choice).
+    candidates (``maxnreg``: Triton's cap on a thread's registers, None: ptxas's choice; warps
+    given by the caller take no cap unless ``maxnreg`` is given too).
 
     Register tiles of 4096, 8192 or 16384 keys (``register_tile``; so a new ``N`` reuses a
     compiled kernel) up to ``RESIDENT_MAX``; beyond, chunks re-read from memory (4096 with 16
