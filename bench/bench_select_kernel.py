@@ -13,8 +13,9 @@ Methods (k = 2048 unless --k; every call returns ids and score bits of the whole
   topk_fp32    plain torch.topk(scores, k) on fp32 (not exact under the Order rule: ties and
                NaN unordered; the speed bar)
 Patterns (--patterns): ``random`` (randn scores, distinct ids), ``ties`` (scores in {0, 1, 2, 3}: the
-cutoff inside a tie group of a quarter of the row), ``ties8`` (scores in {0, ..., 7}: an eighth), ``short`` (5 % finite scores, the rest -inf with
-valid ids: a short context in a padded buffer, the cutoff inside the -inf tie).
+cutoff inside a tie group of a quarter of the row), ``ties8`` (scores in {0, ..., 7}: an eighth),
+``short`` (5 % finite scores, the rest -inf with valid ids: a short context in a padded buffer,
+the cutoff inside the -inf tie).
 Timing: CUDA-graph replay of --reps captured calls, median over --replays, divided by --reps
 (how serving runs the selection); eager: CUDA events around one call, median of --iters. Inputs
 rotate over three sets so that small shapes do not time a warm L2 only. ``exact``: the kernel's
@@ -59,8 +60,6 @@ GRIDS = {
     "long": [(n, q) for n in (32768, 65536, 131072) for q in (4, 8, 16, 32, 64)],
     # choose_path's edge for long rows (staged up to STAGED_LONG_ROWS), with --variants --only row,staged
     "edge": [(n, q) for n in (32768, 65536, 131072) for q in (5, 6, 7, 8, 9, 12)],
-    # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
-    # tile of 4096 (row_s4k_*), with --variants
     # the register tiles at many rows: 16 warps, 4 (the 4096 tile's default up to session 17) and 8
     # capped at 128 registers a thread; with --variants --only row_w8r128,row_w4r128,row_w16,row_w4
     "occupancy8k": [(n, q) for n in (2500, 4096, 6000, 8192, 16384) for q in (64, 128, 192, 256, 1024, 4096)],
@@ -69,6 +68,8 @@ GRIDS = {
     "refine8k": [(8192, q) for q in (256, 1024, 4096)] + [(6000, 1024)],
     # rows re-read in chunks at many rows, with --variants --only row_c8r128
     "occupancy_long": [(n, q) for n in (20000, 32768, 65536, 131072) for q in (64, 192, 256, 1024)],
+    # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
+    # tile of 4096 (row_s4k_*), with --variants
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
     # mass ties (thousands of candidates in play) and random scores across the row paths' tiles
     # and the staged path, with --variants (record select_kernel_h200_finish_*.json)

@@ -106,6 +106,9 @@ STAGED_LONG_ROWS = (8, 65536)  # and up to 8 rows of SPREAD_MIN + 1 .. 65536 can
 # the register tiles refine a cutoff bin of more candidates than this on the tile (refine_min): the
 # 8192 tile from the finish's first register tier, the 16384 tile from its second
 REFINE_FROM = {8192: 1024, 16384: 4096}
+# register tiles whose finish keeps its chunks compiled although their refinement leaves it none
+# to read (finish_max: the kernel's body as ptxas allocated it before)
+FINISH_CHUNKS_KEPT = (16384,)
 FEW_ROWS_MAX = 128  # row_config: up to this many rows (each its own SM on an H200) the 4096 tile takes 16 warps,
 # and beyond, the 4096 and 8192 tiles take 8 warps capped at 128 registers a thread (two programs an SM)
 MANY_ROWS = (8, 128)  # (num_warps, maxnreg)
@@ -243,7 +246,7 @@ def finish_max(block: int, resident: bool, refine: int, fr2: int) -> int:
         return 0
     if block <= fr2 or refine >= block:  # no refinement compiled: the finish sees the whole bin
         return block
-    return fr2 if refine <= fr2 and block <= 8192 else 0
+    return fr2 if refine <= fr2 and block not in FINISH_CHUNKS_KEPT else 0
 
 
 def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None, maxnreg=None):
