@@ -12,6 +12,9 @@ Methods (k = 2048 unless --k; every call returns ids and score bits of the whole
                gathers (what TPFLARE_SELECT_KERNEL=torch runs)
   topk_fp32    plain torch.topk(scores, k) on fp32 (not exact under the Order rule: ties and
                NaN unordered; the speed bar)
+  (--baselines names those two timed beside the kernel: ``--baselines topk_fp32`` leaves out the
+  packed torch path, which takes the most device time at many rows; exactness is checked against
+  it either way)
 Patterns (--patterns): ``random`` (randn scores, distinct ids), ``ties`` (scores in {0, 1, 2, 3}: the
 cutoff inside a tie group of a quarter of the row), ``ties8`` (scores in {0, ..., 7}: an eighth),
 ``short`` (5 % finite scores, the rest -inf with valid ids: a short context in a padded buffer,
@@ -230,8 +233,9 @@ def bench(args) -> list[dict]:
                     if args.only and name not in args.only.split(","):
                         continue
                     methods[name] = lambda s, i, kw=kw: sk.triton_ordered_select(s, i, k, **kw)
-            methods["torch_path"] = lambda s, i: torch_ordered_select(s, i, k)
-            methods["topk_fp32"] = lambda s, i: torch.topk(s, k, dim=1)
+            baselines = dict(torch_path=lambda s, i: torch_ordered_select(s, i, k),
+                             topk_fp32=lambda s, i: torch.topk(s, k, dim=1))
+            methods.update((b, baselines[b]) for b in args.baselines.split(",") if b)
             for name, fn in methods.items():
                 rec = dict(pattern=pattern, n=n, q=q, k=k, method=name)
                 try:
@@ -405,6 +409,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--variants", action="store_true", help="also time both paths and their options")
     ap.add_argument("--only", default="", help="with --variants: only these (comma-separated names)")
+    ap.add_argument("--baselines", default="torch_path,topk_fp32",
+                    help="the baselines timed beside the kernel (comma-separated; '' for none)")
     ap.add_argument("--cold", action="store_true", help="also measure cold compile seconds (fresh processes)")
     ap.add_argument("--no-bench", action="store_true", help="only --cold")
     ap.add_argument("--cold-shapes", default="1x16384,4x16384,64x16384,1024x16384,1x131072,64x131072",
