@@ -71,6 +71,11 @@ GRIDS = {
     "refine8k": [(8192, q) for q in (256, 1024, 4096)] + [(6000, 1024)],
     # rows re-read in chunks at many rows, with --variants --only row_c8r128
     "occupancy_long": [(n, q) for n in (20000, 32768, 65536, 131072) for q in (64, 192, 256, 1024)],
+    # rows re-read in chunks: the sampled cutoff and its pass before the row kernel, the pass spread
+    # over the row's programs (spread_sample, session 18), with --variants --only row_inline_sample,...
+    "spread": [(n, q) for n in (20000, 32768, 65536, 131072) for q in (5, 8, 16, 64, 256, 1024)],
+    # spread_pass's row boundary (FEW_ROWS_MAX), with --variants --only row_inline_sample,row_spread
+    "spread_edge": [(n, q) for n in (20000, 65536, 131072) for q in (96, 128, 160, 192)],
     # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
     # tile of 4096 (row_s4k_*), with --variants
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],
@@ -191,6 +196,12 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
                  row_c32=dict(resident=False, num_warps=32, chunk=8192))
     if q >= 64 and n > 16384:  # rows re-read in chunks, 8 warps capped at 128 registers (two programs an SM)
         v["row_c8r128"] = dict(resident=False, num_warps=8, maxnreg=128)
+    if q > 4 and n > 16384:  # the sampled cutoff and its pass in the row kernel's program (before session 18)
+        v["row_inline_sample"] = dict(spread_sample=False)
+        v["row_spread"] = dict(spread_sample=True)  # (select_kernel.spread_pass's default up to FEW_ROWS_MAX rows)
+        # the spread pass's programs: 8 warps, or 8192 candidates with 8 warps (default 4096 with 4)
+        v["row_spread_w8"] = dict(path="row", consts=dict(SPREAD_WARPS=8))
+        v["row_spread_c8k"] = dict(path="row", consts=dict(SPREAD_CHUNK=8192, SPREAD_WARPS=8))
     if q > 4 and n > 16384:  # rows re-read in chunks: without the sampled cutoff (the histogram passes)
         v.update(row_nosample=dict(resident=False, sample=0),
                  row_c16n=dict(resident=False, num_warps=16, chunk=4096, sample=0),
@@ -214,6 +225,21 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
     return v
 
 
+def select_with(sk, scores, ids, k, kw: dict):
+    """triton_ordered_select with a variant's options; its ``consts`` (module constants of
+    select_kernel, such as SPREAD_WARPS) set for the call (the launches read them), then restored."""
+    kw = dict(kw)
+    consts = kw.pop("consts", {})
+    saved = {c: getattr(sk, c) for c in consts}
+    try:
+        for c, v in consts.items():
+            setattr(sk, c, v)
+        return sk.triton_ordered_select(scores, ids, k, **kw)
+    finally:
+        for c, v in saved.items():
+            setattr(sk, c, v)
+
+
 def bench(args) -> list[dict]:
     from tpflare.ops import select_kernel as sk
     from tpflare.ops.ordering import torch_ordered_select
@@ -232,7 +258,7 @@ def bench(args) -> list[dict]:
                 for name, kw in variants(q, n, k).items():
                     if args.only and name not in args.only.split(","):
                         continue
-                    methods[name] = lambda s, i, kw=kw: sk.triton_ordered_select(s, i, k, **kw)
+                    methods[name] = lambda s, i, kw=kw: select_with(sk, s, i, k, kw)
             baselines = dict(torch_path=lambda s, i: torch_ordered_select(s, i, k),
                              topk_fp32=lambda s, i: torch.topk(s, k, dim=1))
             methods.update((b, baselines[b]) for b in args.baselines.split(",") if b)
@@ -250,7 +276,7 @@ def bench(args) -> list[dict]:
                         if (kw.get("path", rec.get("path", "row")) == "row"
                                 and sk.sample_config(n, resident, kw.get("sample"))[0]):
                             hits = torch.zeros(q, dtype=torch.int32, device="cuda")  # rows the sampled cutoff held
-                            sk.triton_ordered_select(*sets[0], k, sample_hits=hits, **dict(kw, path="row"))
+                            select_with(sk, *sets[0], k, dict(kw, path="row", sample_hits=hits))
                             rec["sample_hit_rows"] = int(hits.sum())
                     rec["graph_ms"] = time_graph(fn, sets, args.reps, args.replays)
                     rec["eager_ms"] = time_eager(fn, sets, args.iters)

@@ -17,7 +17,7 @@ ones is a pad, whatever score the invalid candidate carried.
 
 Two paths, chosen by ``choose_path`` (the one dispatcher; measured on an H200, graph replay):
 the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows, and
-up to 8 rows of 16385..65536 candidates)
+up to 8 rows of 16385..24576 candidates)
 and the *row* kernel of this module (one program a row).
 
 Row kernel design (one program per row, no host synchronisation, CUDA-graph capturable):
@@ -32,7 +32,11 @@ Row kernel design (one program per row, no host synchronisation, CUDA-graph capt
   that very likely keeps between ``min(k, valid)`` and ``SAMPLE_CAP`` candidates; one pass keeps
   them, and when their count says they hold the winners the steps below run on them as one
   register tile (positions kept), not on the row in chunks; else, or where the sample predicts
-  too many, the row takes the chunked passes. Exact either way.
+  too many, the row takes the chunked passes. Exact either way. Up to ``SPREAD_ROWS_MAX`` rows
+  (``spread_pass``) the cutoff and the pass run before the row kernel, in kernels of their own:
+  ``_sample_kernel`` (a program a row) and ``_spread_pass_kernel`` (``SPREAD_CHUNK`` candidates a
+  program; one atomic add a program reserves its kept candidates' slots, so they are kept in
+  any order, which no step depends on: every tie-break carries the position).
 * Cutoff prefix ``P`` (the top 12 bits of ``s``: sign, exponent, 3 mantissa bits) of the
   ``min(k, n_valid)``-th key: by bisection over a tile in registers (``cutoff_search``, twelve
   counts, eleven of them on pairs of prefixes packed in an int32), by two ``tl.histogram``
@@ -102,7 +106,7 @@ MAX_K = 2048
 PAD_SCORE = float("-inf")
 RESIDENT_MAX = 16384  # rows up to this many candidates keep their score keys in registers
 STAGED_MAX_ROWS = 4  # choose_path: the staged path up to this many rows,
-STAGED_LONG_ROWS = (8, 65536)  # and up to 8 rows of SPREAD_MIN + 1 .. 65536 candidates
+STAGED_LONG_ROWS = (8, 24576)  # and up to 8 rows of SPREAD_MIN + 1 .. 24576 candidates
 # the register tiles refine a cutoff bin of more candidates than this on the tile (refine_min): the
 # 8192 tile from the finish's first register tier, the 16384 tile from its second
 REFINE_FROM = {8192: 1024, 16384: 4096}
@@ -115,6 +119,13 @@ MANY_ROWS = (8, 128)  # (num_warps, maxnreg)
 SAMPLE = 2048  # sample_config: rows re-read in chunks beyond RESIDENT_MAX sample this many candidates for a cutoff,
 SAMPLE_CAP = 8192  # and keep at most this many at or above it (a register tile); else the histogram passes
 SAMPLE_BITS = 16  # the sampled cutoff's bits found by bisection (from the highest bit in which the samples differ)
+# spread_pass: up to SPREAD_ROWS_MAX rows, the sampled cutoff in a kernel of its own (one program a
+# row), then its pass over the row spread over programs of SPREAD_CHUNK candidates (SPREAD_WARPS
+# warps), before the row kernel
+SPREAD_ROWS_MAX = 64
+SPREAD_CHUNK = 4096
+SPREAD_WARPS = 4
+SPREAD_HEAD = 8  # int32 a row of the kept list's buffer before the positions: T, V, over, -, the counts (int64)
 FIN_CHUNK = 2048  # the row kernel's finish reads an in-play list beyond its registers in chunks of this many
 ORDER_BUCKETS = 2  # the row kernel's ordering (radix.order_row) spreads its KB winners over this many KB buckets
 # a launch plan's first call (outside capture) and precompile compile their kernels at once
@@ -158,14 +169,18 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
     serving runs the selection): the staged path is faster up to 4 rows; beyond, its global
     histogram (atomics on a few hot bins) costs more. Rows of more than SPREAD_MIN (16384) up
-    to 65536 candidates take it up to 8 rows (``STAGED_LONG_ROWS``): since the narrowing walk
+    to 24576 candidates take it up to 8 rows (``STAGED_LONG_ROWS``): since the narrowing walk
     runs over the row's programs (session 9), at 8 rows of 32768 and 65536 it took 43.0 / 64.7
     µs with random scores against the row kernel's 47.0 / 61.1, and 50.4-63.4 against 66.4-87.8
     µs on mass ties (a quarter of the row tied at the cutoff; a short context padded with -inf
-    and valid ids), where the row kernel was 0.78-0.94x fp32 topk; at 8 rows of 131072 the row
-    kernel stays (random 87.6 against 107.6 µs), and at 16 rows everywhere (random 47.4-89.1
-    against 59.8-119.0) (``--grid long``, record select_kernel_h200_s9_long_9abd78b.json; the
-    boundary at Q = 5-9 and 12: ``--grid edge``, session 10 of docs/benchmarks_select_kernel.md). The
+    and valid ids), where the row kernel was 0.78-0.94x fp32 topk (``--grid long``, record
+    select_kernel_h200_s9_long_9abd78b.json; the boundary at Q = 5-9 and 12: ``--grid edge``,
+    session 10 of docs/benchmarks_select_kernel.md). Since the row kernel's sampled pass is
+    spread over the row's programs (``spread_pass``, session 18), 5 and 8 rows of 32768 and
+    65536 take the row kernel: 40.6-44.5 against 43.2-67.3 µs (random), 58.8-63.1 against
+    59.8-67.0 (short), 57.0-68.1 against 48.9-58.6 (ties, where fp32 topk took 61.7-68.2);
+    at 20000 staged stays (ties 46.8-49.1 against 69.2; random 38.1-40.0 against 39.0-40.3)
+    (``--grid spread``; the boundary between 20000 and 32768 was not timed). The
     choice does not depend on whether a stream is capturing, so the first call outside capture
     compiles what capture will launch.
     """
@@ -302,6 +317,22 @@ def row_config(n: int, q: int, num_warps=None, chunk=None, resident=None, maxnre
     return int(block), int(num_warps), chunk, bool(resident), None if maxnreg is None else int(maxnreg)
 
 
+def spread_pass(q: int, sampled: bool) -> bool:
+    """Whether a call of ``q`` rows with a sampled cutoff (``sample_config``) runs the cutoff and
+    its pass over the row before the row kernel, the pass spread over the row's programs
+    (``_sample_kernel``, ``_spread_pass_kernel``), rather than both in the row kernel's program:
+    up to ``SPREAD_ROWS_MAX`` rows, where the row kernel's one program a row leaves half the SMs
+    of an H200 idle or more. H200, k = 2048, graph replay (``--grid spread`` and ``--grid
+    spread_edge`` with ``--variants``, session 18 of docs/benchmarks_select_kernel.md): at 5-16
+    rows of 65536-131072 the one-program pass took 1.28-1.79x the time of the spread one (8 rows
+    of 131072, random: 87.4 against 52.3 µs), at 20000-32768 1.03-1.17x, at 64 rows 0.99-1.20x;
+    at 96-128 rows, one wave of the row kernel's programs, 0.90-1.06x; at 256 and 1024 rows,
+    where those programs overlap one row's reads with another's work, 0.90-0.97x on random
+    scores (0.94-1.11x on mass ties). (At 160-192 rows, a second wave of few programs, it took
+    0.99-1.16x: not taken, a rule by waves measured in one round.)"""
+    return sampled and q <= SPREAD_ROWS_MAX
+
+
 def sample_config(n: int, resident: bool, sample=None, cap=None) -> tuple[int, int]:
     """(candidates sampled a row, tile kept) of the row kernel's sampled cutoff; (0, 0): none.
 
@@ -342,6 +373,7 @@ if _HAVE_TRITON:
     # inline: a helper that chose changed the 16384 tile's SASS (python
     # tools/compile_select_kernels.py --sass prints a digest of it).
     PACKED_CUT_MAX = tl.constexpr(8192)
+    HEAD = tl.constexpr(SPREAD_HEAD)
 
     @triton.jit
     def top12_valid(s):
@@ -554,6 +586,50 @@ if _HAVE_TRITON:
             nv += tot >> 16
         return cnt, nv
 
+    @generic_jit
+    def _sample_kernel(sc_ptr, id_ptr, sb_ptr, N, K, s_sq, s_iq, CAP: tl.constexpr, S: tl.constexpr,
+                       SB: tl.constexpr):
+        # grid (Q,): a row's sampled cutoff (sample_cutoff) to the head of its kept-list row
+        # (HEAD int32: T, V, over, -, then the int64 counts the pass adds to, zeroed here)
+        row = tl.program_id(0).to(tl.int64)
+        head = sb_ptr + row * (CAP + HEAD)
+        T, V, over = sample_cutoff(sc_ptr + row * s_sq, id_ptr + row * s_iq, N, K, CAP, S, SB)
+        tl.store(head, T)
+        tl.store(head + 1, V)
+        tl.store(head + 2, over.to(tl.int32))
+        tl.store((head + 4).to(tl.pointer_type(tl.int64)), tl.full((), 0, tl.int64))
+
+    @generic_jit
+    def _spread_pass_kernel(sc_ptr, id_ptr, sb_ptr, N, s_sq, s_iq, CAP: tl.constexpr, FCH: tl.constexpr):
+        # grid (Q, N / FCH): sample_pass spread over a row's programs, FCH candidates each: the
+        # positions of those that come first in the order down to the row's sampled cutoff (T, V)
+        # to its kept list, the first CAP of them (slots in any order: one atomic add a program
+        # reserves its kept candidates' slots, and counts them and the valid ones, packed in an
+        # int64); nothing where the sample predicted too many (over)
+        row = tl.program_id(0).to(tl.int64)
+        c0 = tl.program_id(1) * FCH
+        head = sb_ptr + row * (CAP + HEAD)
+        if tl.load(head + 2) == 0:
+            T = tl.load(head)
+            V = tl.load(head + 1)
+            b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, c0, N, FCH)
+            s = score_key(b, i)
+            sel = (s > T) | ((s == T) & (i <= V))
+            incl, tot = scan_slots(sel.to(tl.int32) + ((s != -2147483648).to(tl.int32) << 16), FCH)
+            old = tl.atomic_add((head + 4).to(tl.pointer_type(tl.int64)),
+                                (tot & 0xFFFF).to(tl.int64) | ((tot >> 16).to(tl.int64) << 32), sem="relaxed")
+            slot = (old & 0xFFFFFFFF).to(tl.int32) + (incl & 0xFFFF) - 1
+            tl.store(head + HEAD + slot, c0 + tl.arange(0, FCH), mask=sel & (slot < CAP))
+
+    @triton.jit
+    def spread_counts(head, CAP: tl.constexpr):
+        # what sample_pass returns, from a row's head after the spread pass: the kept candidates
+        # (CAP + 1 where the sample predicted too many: no pass ran) and the valid ones
+        over = tl.load(head + 2)
+        c = tl.load((head + 4).to(tl.pointer_type(tl.int64)))
+        cnt = tl.where(over != 0, CAP + 1, (c & 0xFFFFFFFF).to(tl.int32))
+        return cnt, tl.where(over != 0, cnt, (c >> 32).to(tl.int32))
+
     @triton.jit
     def sampled_tile(sc_row, id_row, sb_row, cnt, CAP: tl.constexpr):
         # the cnt candidates sample_pass kept, as a register tile of CAP (positions, score bits,
@@ -638,7 +714,8 @@ if _HAVE_TRITON:
                     D: tl.constexpr, CH: tl.constexpr, FR1: tl.constexpr, FR2: tl.constexpr,
                     ORDER: tl.constexpr, REFINE: tl.constexpr, OB: tl.constexpr, SAMPLE: tl.constexpr = 0,
                     CAP: tl.constexpr = 16, SB: tl.constexpr = 16, HITS: tl.constexpr = False,
-                    ZF: tl.constexpr = False, PARTS: tl.constexpr = False, FMAX: tl.constexpr = 0):
+                    ZF: tl.constexpr = False, PARTS: tl.constexpr = False, FMAX: tl.constexpr = 0,
+                    SPREAD: tl.constexpr = False):
         # grid (Q,): one program a row. The 12-bit prefix of the cutoff: by bisection over the
         # tile in registers (cutoff_search), or two 6-bit histogram passes over chunks; one
         # compaction sends the candidates above it to W and those on it to P; the finish picks
@@ -649,7 +726,9 @@ if _HAVE_TRITON:
         # did, else 0; ZF (with ORDER): the ordering's bucket sizes are zeroed after the
         # compaction, not by the ordering (its store and barrier before the atomics); PARTS
         # (with ORDER): after a refinement the ordering maps its winners in parts at once (parts_first);
-        # FMAX: the most candidates a cutoff bin that reaches the finish holds, 0: any (finish_max)
+        # FMAX: the most candidates a cutoff bin that reaches the finish holds, 0: any (finish_max);
+        # SPREAD (with SAMPLE): the sampled cutoff and its pass ran before, in _sample_kernel and
+        # _spread_pass_kernel (sb_ptr's rows: HEAD int32, then CAP kept positions)
         row = tl.program_id(0).to(tl.int64)
         sc_row = sc_ptr + row * s_sq
         id_row = id_ptr + row * s_iq
@@ -676,7 +755,10 @@ if _HAVE_TRITON:
         else:  # every pass re-reads the row
             refined = 0
             fast = 0
-            if SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
+            if SAMPLE > 0 and SPREAD:  # the sampled cutoff's kept candidates, from the kernels before
+                sb_row = sb_ptr + row * (CAP + HEAD) + HEAD
+                cnt, nv = spread_counts(sb_row - HEAD, CAP)
+            elif SAMPLE > 0:  # the candidates at or above a sampled cutoff, when they hold the winners
                 sb_row = sb_ptr + row * CAP
                 T, V, over = sample_cutoff(sc_row, id_row, N, K, CAP, SAMPLE, SB)
                 # no pass where the sample says more than 3/4 of the tile would be kept
@@ -685,6 +767,7 @@ if _HAVE_TRITON:
                     cnt, nv = sample_pass(sc_row, id_row, sb_row, N, T, V, CHUNK, CAP)
                 else:
                     nv = cnt
+            if SAMPLE > 0:
                 fast = (cnt <= CAP) & (cnt >= tl.minimum(K, nv))
                 if HITS:
                     tl.store(hit_ptr + row, fast.to(tl.int32))
@@ -739,7 +822,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     path = choose_path(q, n, k, n_sm)
     if path == "row":  # the row kernel orders its own winners
         cfg = row_config(n, q)
-        return (path, kb, "bucket") + cfg + sample_config(n, cfg[3])
+        smp = sample_config(n, cfg[3])
+        return (path, kb, "bucket") + cfg + smp + (spread_pass(q, smp[0] > 0),)
     order = "rank" if q <= select_staged.RANK_MAX_ROWS else "bucket"
     tile = select_staged.rank_tile(q, kb, n_sm, True) if order == "rank" else ()
     tiers = select_staged.finish_tiers(*select_staged.rank_layout(q, kb))
@@ -763,7 +847,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
                           chunk: int | None = None, resident: bool | None = None, radix_bits: int | None = None,
                           refine: int | None = None, sample: int | None = None, sample_cap: int | None = None,
                           order_buckets: int | None = None, sample_hits: torch.Tensor | None = None,
-                          staged: dict | None = None, maxnreg: int | None = None):
+                          staged: dict | None = None, maxnreg: int | None = None, spread_sample: bool | None = None):
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
@@ -782,14 +866,17 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``order_buckets`` (the buckets of the row kernel's ordering, ``radix.order_row``: k rounded
     up to a power of two, or twice that; default ``ORDER_BUCKETS`` times the first), and
     ``sample_hits`` (an int32 ``[Q]`` tensor that receives 1 for each row whose sampled cutoff
-    held, 0 for the others; a report, not an option of the selection); of the
+    held, 0 for the others; a report, not an option of the selection), ``spread_sample``
+    (with a sampled cutoff: the cutoff and its pass over the row run before the row kernel, in
+    kernels of their own, the pass spread over programs of ``SPREAD_CHUNK`` candidates; False:
+    both in the row kernel's program; default ``spread_pass``); of the
     staged path: ``staged`` (``select_staged.staged_select``'s keywords).
     """
     # the caller's options as given, for the calls again below (a device guard; the first call's
     # parallel compile), before any is resolved
     given = dict(path=path, order=order, num_warps=num_warps, chunk=chunk, resident=resident, radix_bits=radix_bits,
                  refine=refine, sample=sample, sample_cap=sample_cap, order_buckets=order_buckets,
-                 sample_hits=sample_hits, staged=staged, maxnreg=maxnreg)
+                 sample_hits=sample_hits, staged=staged, maxnreg=maxnreg, spread_sample=spread_sample)
     if not _HAVE_TRITON:
         raise RuntimeError("triton_ordered_select needs Triton (pip install triton)")
     if scores.dim() != 2 or ids.shape != scores.shape:
@@ -808,7 +895,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     q, n = scores.shape
     if not supports(n, k):
         raise ValueError(f"unsupported shape: N={n} (max {MAX_CANDIDATES}), k={k} (1..{MAX_K})")
-    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, order_buckets, maxnreg, sample_hits)
+    row_opts = (num_warps, chunk, resident, radix_bits, refine, sample, sample_cap, order_buckets, maxnreg,
+                spread_sample, sample_hits)
     n_sm = _num_sms(scores.device.index or 0) if scores.device.type == "cuda" else 132
     if path is None:  # an option of one path asks for that path; else the dispatcher decides
         if any(o is not None for o in row_opts):
@@ -855,8 +943,10 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         raise ValueError(f"sample_hits must be a contiguous int32 [Q] tensor on {scores.device}")
     fused = order in (None, "bucket")  # the row kernel orders its own winners (radix.order_row)
     wk, wv, wo, cnt, p_list = winner_workspace(q, kb, n, scores.device)
-    # the sampled cutoff's kept positions, CAP a row (else a placeholder)
-    sb = torch.empty((q * cap,) if n_sample else (1,), dtype=torch.int32, device=scores.device)
+    spread = spread_pass(q, bool(n_sample)) if spread_sample is None else bool(n_sample) and bool(spread_sample)
+    # the sampled cutoff's kept positions, CAP a row (after SPREAD_HEAD int32 of the cutoff and the
+    # counts where spread; else a placeholder)
+    sb = torch.empty((q * (cap + SPREAD_HEAD * spread),) if n_sample else (1,), dtype=torch.int32, device=scores.device)
     if sample_hits is not None and not n_sample:
         sample_hits.zero_()
     z = torch.empty((q * ORDER_SCRATCH.value * kb,) if fused else (1,), dtype=torch.int32, device=scores.device)
@@ -866,13 +956,18 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         raise ValueError(f"refine must be >= 0, got {refine}")
     hits = sample_hits is not None and n_sample > 0
     ref = min(refine, RESIDENT_MAX) if resident and block > fr2 else 0  # (0 elsewhere: one kernel)
+    if spread:  # the sampled cutoff, then its pass spread over the row's programs
+        launch(_sample_kernel, (q,), scores, ids, sb, n, k, scores.stride(0), ids.stride(0), CAP=cap, S=n_sample,
+               SB=SAMPLE_BITS, num_warps=SPREAD_WARPS)
+        launch(_spread_pass_kernel, (q, -(-n // SPREAD_CHUNK)), scores, ids, sb, n, scores.stride(0), ids.stride(0),
+               CAP=cap, FCH=SPREAD_CHUNK, num_warps=SPREAD_WARPS)
     launch(_row_kernel, (q,), scores, ids, p_list, wk, wv, wo, cnt, z, out_ids, out_sc, sb,
            sample_hits if hits else sb, n, k, scores.stride(0), ids.stride(0),
            out_ids.stride(0), out_sc.stride(0), BLOCK=block, CHUNK=chunk, KB=kb, RESIDENT=resident,
            D=digits, CH=FIN_CHUNK, FR1=fr1, FR2=fr2, ORDER=fused,
            REFINE=ref, OB=ob, SAMPLE=n_sample, CAP=max(cap, 16), SB=SAMPLE_BITS, HITS=hits,
            ZF=fused and zero_first(block, resident), PARTS=fused and parts_first(block, resident),
-           FMAX=finish_max(block, resident, ref, fr2), num_warps=nw,
+           FMAX=finish_max(block, resident, ref, fr2), SPREAD=spread, num_warps=nw,
            **({} if maxnreg is None else dict(maxnreg=maxnreg)))
     if fused:
         return out_ids, out_sc

@@ -422,13 +422,15 @@ def test_row_mass_tie_in_registers(kind, refine):
             check_equal(got, ref_python(scores, ids, k), f"{kind} python n={n} k={k}")
 
 
-@pytest.mark.parametrize("n,bins", [(8000, (1024, 1025, 2048, 4096, 4097)), (16000, (4096, 4097, 8192, 8193))],
-                         ids=["tile8192", "tile16384"])
-def test_row_refine_threshold_edges(n, bins):
+@pytest.mark.parametrize("n,bins,refine", [(8000, (1024, 1025, 2048, 4096, 4097), None),
+                                           (16000, (4096, 4097, 8192, 8193), None), (8000, (1025, 2048, 2049), 2048)],
+                         ids=["tile8192", "tile16384", "tile8192-refine2048"])
+def test_row_refine_threshold_edges(n, bins, refine):
     """A cutoff bin (candidates sharing the cutoff's 12-bit prefix, here one tied score) of just
     as many candidates as ``select_kernel.refine_min`` sends to the finish, and one more, which
     the tile refines (the 8192 tile from 1024, the 16384 tile from 4096; the 16384 tile's finish
-    keeps its chunks, ``finish_max``), and bins at the finish's tiers: distinct scores in another
+    keeps its chunks, ``finish_max``; the 8192 tile refining from 2048 as an option, the
+    finish's second register tier), and bins at the finish's tiers: distinct scores in another
     octave above the bin and below it, shuffled, ids a permutation with gaps; the cutoff inside
     the bin, so the id decides which of the tie win. Both references."""
     _require_kernel()
@@ -442,8 +444,8 @@ def test_row_refine_threshold_edges(n, bins):
         perm = torch.randperm(n, generator=g)
         scores = sc[perm].reshape(1, n).contiguous()
         ids = (torch.randperm(3 * n, generator=g)[:n]).to(torch.int32).reshape(1, n).contiguous()
-        got = run_kernel(scores, ids, k, path="row")
-        check_equal(got, ref_packed(scores, ids, k), f"n={n} bin={b} k={k}")
+        got = run_kernel(scores, ids, k, path="row", refine=refine)
+        check_equal(got, ref_packed(scores, ids, k), f"n={n} bin={b} k={k} refine={refine}")
         check_equal(got, ref_python(scores, ids, k), f"python n={n} bin={b} k={k}")
 
 
@@ -515,6 +517,24 @@ SAMPLED = {"small": (3001, 64, dict(resident=False, chunk=512, sample=256, sampl
            "small_k2048": (6144, 2048, dict(resident=False, chunk=1024, sample=512, sample_cap=4096)),
            "default": (20000, 2048, {}), "default_k1000": (40000, 1000, {}),
            "wide": (40000, 2048, dict(resident=False, num_warps=32, chunk=8192))}
+
+
+@pytest.mark.parametrize("spread", [True, False], ids=["spread", "one_program"])
+@pytest.mark.parametrize("kind", ["random", "ties", "neginf", "padding", "nandups"])
+def test_row_sampled_pass_spread_or_in_one_program(kind, spread):
+    """The sampled cutoff's pass over the row spread over the row's programs (its own kernels,
+    kept positions in any order: ``spread_pass``, the default up to SPREAD_ROWS_MAX rows) or in
+    the row kernel's one program (the default beyond): both exact, the tile held on every row, rows
+    of a length that is no multiple of the spread pass's chunk."""
+    _require_kernel()
+    n, k = 20001, 2048
+    if kind in KINDS:
+        scores, ids = make_case(kind, 3, n, k, seed=n + len(kind))
+    else:
+        scores, ids = _mass_tie(kind, 3, n, seed=n + len(kind))
+    got, hits = _sampled_run(scores, ids, k, dict(spread_sample=spread))
+    check_equal(got, ref_packed(scores, ids, k), f"{kind} spread={spread}")
+    assert hits.tolist() == [1] * 3, f"{kind} spread={spread}: sampled cutoff held {hits.tolist()}"
 
 
 def _sampled_run(scores, ids, k, opts):
@@ -852,7 +872,7 @@ def test_long_rows(n, k, kind, path):
 def _kernels():
     from tpflare.ops import radix, select_staged
 
-    return [sk._row_kernel, select_staged._hist_kernel, select_staged._compact_kernel, select_staged._finish_kernel,
+    return [sk._row_kernel, sk._sample_kernel, sk._spread_pass_kernel, select_staged._hist_kernel, select_staged._compact_kernel, select_staged._finish_kernel,
             select_staged._walk_kernel,
             radix._rank_kernel, radix._decode_runs_kernel, radix.bucket_kernel]
 
@@ -871,9 +891,12 @@ GENERIC = {"staged, fused, rank": [(1, 16384, 2048, 16384), (2, 12000, 1500, 120
                                     (22, 10000, 2048, 10000), (35, 16000, 2048, 16000)],
            "row, chunks of 4096": [(20, 5000, 2048, 5000), (64, 8192, 2048, 8192), (65, 6001, 2048, 6001)],
            "row, chunks of 4096, sampled": [(65, 20000, 2048, 20000), (66, 32768, 1500, 32768), (67, 17001, 2048, 17001),
-                                            (5, 70000, 2048, 70000), (8, 131072, 2048, 131072)],  # 5-8 rows: row kernel
-           # 5-8 rows of 16385..65536 (select_kernel.STAGED_LONG_ROWS): the staged path, unfused
-           "staged, unfused, bucket, spread": [(8, 32768, 2048, 32768), (5, 20000, 2048, 20000),
+                                            (100, 70000, 2048, 70000), (80, 131072, 2048, 131072)],
+           # up to 64 rows (select_kernel.spread_pass): the sampled pass spread over the row's programs
+           "row, chunks of 4096, sampled, spread": [(9, 20000, 2048, 20000), (64, 32768, 1500, 32768),
+                                                    (5, 70000, 2048, 70000), (8, 131072, 2048, 131072)],
+           # 5-8 rows of 16385..24576 (select_kernel.STAGED_LONG_ROWS): the staged path, unfused
+           "staged, unfused, bucket, spread": [(8, 24576, 2048, 24576), (5, 20000, 2048, 20000),
                                                (6, 16385, 1500, 16400)],
            "row, chunks, sort": [(65, 40000, 2048, 40000), (70, 131072, 2048, 131072)]}
 
@@ -915,7 +938,7 @@ def _parallel_compile_from_scratch():
     sk._WARMED.clear()
 
 
-@pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096"])
+@pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096", "row, chunks of 4096, sampled, spread"])
 def test_parallel_compile_compiles_what_the_call_launches(plan):
     """A plan's first call compiles its kernels at once (select_compile): collecting its launches
     compiles and launches nothing; compile_in_parallel compiles each launched kernel once; the

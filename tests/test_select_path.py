@@ -6,7 +6,7 @@ from tpflare.ops import select_kernel as sk
 
 
 def test_path_policy():
-    """The staged path for up to 4 rows (whatever their length) and up to 8 rows of 16385..65536
+    """The staged path for up to 4 rows (whatever their length) and up to 8 rows of 16385..24576
     candidates, the row kernel beyond."""
     assert sk.choose_path(1, 16384, 2048, 132) == "staged"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"
@@ -15,10 +15,12 @@ def test_path_policy():
     assert sk.choose_path(64, 16384, 2048, 132) == "row"
     assert sk.choose_path(4, 131072, 2048, 132) == "staged"
     assert sk.choose_path(5, 16385, 2048, 132) == "staged"
-    assert sk.choose_path(5, 32768, 2048, 132) == "staged"
-    assert sk.choose_path(8, 65536, 2048, 132) == "staged"
-    assert sk.choose_path(9, 32768, 2048, 132) == "row"
-    assert sk.choose_path(8, 65537, 2048, 132) == "row"
+    assert sk.choose_path(5, 24576, 2048, 132) == "staged"
+    assert sk.choose_path(5, 32768, 2048, 132) == "row"
+    assert sk.choose_path(8, 24576, 2048, 132) == "staged"
+    assert sk.choose_path(9, 24576, 2048, 132) == "row"
+    assert sk.choose_path(8, 24577, 2048, 132) == "row"
+    assert sk.choose_path(5, 65536, 2048, 132) == "row"
     assert sk.choose_path(5, 131072, 2048, 132) == "row"
     assert sk.choose_path(256, 131072, 2048, 132) == "row"
 
@@ -31,12 +33,13 @@ def test_launch_plans_are_shape_generic():
     assert sk.launch_plan(20, 9000, 2048) == sk.launch_plan(1000, 16384, 2048)
     assert sk.launch_plan(20, 5000, 2048) == sk.launch_plan(128, 8192, 2048)  # the 8192 tile, 16 warps
     assert sk.launch_plan(129, 5000, 2048) == sk.launch_plan(1000, 8192, 2048)  # 8 warps, capped registers
-    assert sk.launch_plan(100, 40000, 2048) == sk.launch_plan(4096, 131072, 2048)
-    assert sk.launch_plan(100, 16385, 2048) == sk.launch_plan(4096, 32768, 2048)  # chunks, sampled cutoff
+    assert sk.launch_plan(9, 40000, 2048) == sk.launch_plan(64, 131072, 2048)  # chunks, sampled cutoff,
+    assert sk.launch_plan(65, 16385, 2048) == sk.launch_plan(4096, 32768, 2048)  # its pass spread up to 64 rows
+    assert sk.launch_plan(64, 40000, 2048) != sk.launch_plan(65, 40000, 2048)
     assert sk.launch_plan(100, 16385, 2048) != sk.launch_plan(100, 8192, 2048)  # (not at 4097..8192)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(4, 16384, 2048)  # fused finish up to 3 rows
-    assert sk.launch_plan(9, 40000, 2048) != sk.launch_plan(8, 40000, 2048)  # the staged path up to 8 rows here
-    assert sk.launch_plan(8, 70000, 2048) != sk.launch_plan(8, 40000, 2048)  # (of up to 65536)
+    assert sk.launch_plan(9, 20000, 2048) != sk.launch_plan(8, 20000, 2048)  # the staged path up to 8 rows here
+    assert sk.launch_plan(8, 30000, 2048) != sk.launch_plan(8, 20000, 2048)  # (of up to 24576)
     assert sk.launch_plan(1, 16384, 2048) != sk.launch_plan(1, 16385, 2048)  # the walk's kernel beyond SPREAD_MIN
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4097, 2048)  # register tiles 4096 / 16384
     assert sk.launch_plan(20, 4096, 2048) != sk.launch_plan(20, 4096, 1024)
@@ -46,27 +49,30 @@ def test_row_tiles():
     """The row kernel's tile (block, warps, chunk, in registers, register cap; then the sampled
     cutoff's sample and tile) by row length and rows, at the H200 crossovers that
     select_kernel.row_config names. Rows re-read in chunks beyond RESIDENT_MAX take the sampled
-    cutoff; beyond FEW_ROWS_MAX rows the 4096 and 8192 tiles take 8 warps of at most 128
+    cutoff, its pass over the row spread over the row's programs up to SPREAD_ROWS_MAX rows
+    (spread_pass); beyond FEW_ROWS_MAX rows the 4096 and 8192 tiles take 8 warps of at most 128
     registers a thread (two programs an SM)."""
     s = (sk.SAMPLE, sk.SAMPLE_CAP)
-    assert sk.launch_plan(8, 8192, 2048)[3:] == (8192, 16, 4096, True, None, 0, 0)  # 4097..8192: the 8192 tile
-    assert sk.launch_plan(128, 4097, 2048)[3:] == (8192, 16, 4096, True, None, 0, 0)
-    assert sk.launch_plan(129, 4097, 2048)[3:] == (8192, 8, 2048, True, 128, 0, 0)  # beyond FEW_ROWS_MAX
-    assert sk.launch_plan(4096, 8192, 2048)[3:] == (8192, 8, 2048, True, 128, 0, 0)
+    assert sk.launch_plan(8, 8192, 2048)[3:] == (8192, 16, 4096, True, None, 0, 0, False)  # 4097..8192: the 8192 tile
+    assert sk.launch_plan(128, 4097, 2048)[3:] == (8192, 16, 4096, True, None, 0, 0, False)
+    assert sk.launch_plan(129, 4097, 2048)[3:] == (8192, 8, 2048, True, 128, 0, 0, False)  # beyond FEW_ROWS_MAX
+    assert sk.launch_plan(4096, 8192, 2048)[3:] == (8192, 8, 2048, True, 128, 0, 0, False)
     assert sk.launch_plan(64, 6000, 2048) == sk.launch_plan(64, 8192, 2048) != sk.launch_plan(64, 8193, 2048)
     assert sk.row_config(6000, 64, resident=False) == (4096, 16, 4096, False, None)  # chunks: an option
     assert sk.row_config(6000, 1024, num_warps=16) == (8192, 16, 4096, True, None)  # warps given: no cap
     assert sk.row_config(6000, 1024, maxnreg=96) == (8192, 8, 2048, True, 96)
     with pytest.raises(ValueError):
         sk.row_config(6000, 1024, maxnreg=8)
-    assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True, None, 0, 0)
-    assert sk.launch_plan(4096, 16384, 2048)[3:] == (16384, 16, 4096, True, None, 0, 0)  # the 16384 tile: 16 warps
-    assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True, None, 0, 0)  # up to FEW_ROWS_MAX: 16 warps
-    assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 8, 2048, True, 128, 0, 0)
-    assert sk.launch_plan(64, 16385, 2048)[3:] == (4096, 16, 4096, False, None) + s
-    assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False, None) + s
-    assert sk.launch_plan(1024, 32769, 2048)[3:] == (4096, 16, 4096, False, None) + s
-    assert sk.launch_plan(64, 131072, 2048)[3:] == (4096, 16, 4096, False, None) + s
+    assert sk.launch_plan(64, 8193, 2048)[3:] == (16384, 16, 4096, True, None, 0, 0, False)
+    assert sk.launch_plan(4096, 16384, 2048)[3:] == (16384, 16, 4096, True, None, 0, 0, False)  # the 16384 tile: 16 warps
+    assert sk.launch_plan(128, 4096, 2048)[3:] == (4096, 16, 4096, True, None, 0, 0, False)  # up to FEW_ROWS_MAX: 16 warps
+    assert sk.launch_plan(129, 4096, 2048)[3:] == (4096, 8, 2048, True, 128, 0, 0, False)
+    assert sk.launch_plan(64, 16385, 2048)[3:] == (4096, 16, 4096, False, None) + s + (True,)
+    assert sk.launch_plan(64, 32768, 2048)[3:] == (4096, 16, 4096, False, None) + s + (True,)
+    assert sk.launch_plan(1024, 32769, 2048)[3:] == (4096, 16, 4096, False, None) + s + (False,)
+    assert sk.launch_plan(64, 131072, 2048)[3:] == (4096, 16, 4096, False, None) + s + (True,)
+    assert sk.launch_plan(65, 131072, 2048)[3:] == (4096, 16, 4096, False, None) + s + (False,)
+    assert sk.spread_pass(5, True) and not sk.spread_pass(5, False)
 
 
 def test_refinement_and_finish_tiers():

@@ -89,7 +89,12 @@ KERNELS.update({
     "row kernel (registers 4096)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=1024, RESIDENT=True, **_ROW), 4),
     "row kernel (chunks)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, **_ROW), 16),
     "row kernel (chunks, sampled)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False, SAMPLE=sk.SAMPLE,
-                                                          CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS, **_ROW), 16),
+                                                          CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS, SPREAD=True, **_ROW), 16),
+    "row kernel (chunks, sampled inline)": (sk._row_kernel, dict(BLOCK=4096, CHUNK=4096, RESIDENT=False,
+                                                                 SAMPLE=sk.SAMPLE, CAP=sk.SAMPLE_CAP, SB=sk.SAMPLE_BITS,
+                                                                 **_ROW), 16),
+    "sampled cutoff": (sk._sample_kernel, dict(CAP=sk.SAMPLE_CAP, S=sk.SAMPLE, SB=sk.SAMPLE_BITS), sk.SPREAD_WARPS),
+    "sampled pass (spread)": (sk._spread_pass_kernel, dict(CAP=sk.SAMPLE_CAP, FCH=sk.SPREAD_CHUNK), sk.SPREAD_WARPS),
     "row kernel (registers 16384, unordered)": (sk._row_kernel, dict(BLOCK=16384, CHUNK=4096, RESIDENT=True,
                                                                      **dict(_R16, ORDER=False, ZF=False)), 16),
 })
