@@ -63,6 +63,10 @@ GRIDS = {
     "long": [(n, q) for n in (32768, 65536, 131072) for q in (4, 8, 16, 32, 64)],
     # choose_path's edge for long rows (staged up to STAGED_LONG_ROWS), with --variants --only row,staged
     "edge": [(n, q) for n in (32768, 65536, 131072) for q in (5, 6, 7, 8, 9, 12)],
+    # the same edge in N since the spread pass (session 18: staged up to 24576), and 1-4 rows
+    # (always staged), with --variants --only row,staged
+    "edge_n": [(n, q) for n in (20000, 24576, 28000, 32768) for q in (5, 8)]
+    + [(n, q) for n in (20000, 32768, 65536, 131072) for q in (1, 2, 4)],
     # the register tiles at many rows: 16 warps, 4 (the 4096 tile's default up to session 17) and 8
     # capped at 128 registers a thread; with --variants --only row_w8r128,row_w4r128,row_w16,row_w4
     "occupancy8k": [(n, q) for n in (2500, 4096, 6000, 8192, 16384) for q in (64, 128, 192, 256, 1024, 4096)],
