@@ -78,8 +78,12 @@ GRIDS = {
     # rows re-read in chunks: the sampled cutoff and its pass before the row kernel, the pass spread
     # over the row's programs (spread_sample, session 18), with --variants --only row_inline_sample,...
     "spread": [(n, q) for n in (20000, 32768, 65536, 131072) for q in (5, 8, 16, 64, 256, 1024)],
-    # spread_pass's row boundary (FEW_ROWS_MAX), with --variants --only row_inline_sample,row_spread
+    # spread_pass's row boundary (SPREAD_ROWS_MAX), with --variants --only row_inline_sample,row_spread
     "spread_edge": [(n, q) for n in (20000, 65536, 131072) for q in (96, 128, 160, 192)],
+    # rows of 4097..16384 at few rows as a sampled tile of 4096 / 1024 (chunks, the sampled pass
+    # spread up to SPREAD_ROWS_MAX rows) against the register tiles, with --variants --only
+    # row_s4k_w4,row_s4k_w8,row_s4k_w16,row_s1k_w4
+    "spread_tile": [(n, q) for n in (8192, 12000, 16384) for q in (8, 16, 32, 64)],
     # many rows: one 16-warp program an SM (the 16384 tile) against smaller programs on a sampled
     # tile of 4096 (row_s4k_*), with --variants
     "occupancy": [(n, q) for n in (8192, 16384) for q in (64, 1024, 4096)] + [(65536, q) for q in (64, 1024)],

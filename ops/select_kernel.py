@@ -73,8 +73,11 @@ the whole function, so inlined phases cost (memory ops) x (kernel size). H200 ho
 
 Workspace of the row path (``torch.empty``, no zeroing): ``W`` (16 bytes a winner slot), the
 in-play list ``[Q, N]`` int32 (as large as the scores: the torch path's packed key is twice
-that) and the ordering's scratch (``radix.ORDER_SCRATCH`` x KB int32 a row); every part on a
-16-byte boundary (``radix.winner_workspace``), since Triton specialises pointers on alignment.
+that), the ordering's scratch (``radix.ORDER_SCRATCH`` x KB int32 a row) and, with a sampled
+cutoff, its kept list (``SAMPLE_CAP`` int32 a row, after ``SPREAD_HEAD`` int32 of the cutoff and
+the counts where the pass is spread; the sampled cutoff's kernel zeroes the counts); every part
+on a 16-byte boundary (``radix.winner_workspace``; a kept list's row of 8200 int32), since
+Triton specialises pointers on alignment.
 
 Limits: ``N <= MAX_CANDIDATES`` (131072) candidates a row and ``k <= MAX_K`` (2048)
 (``supports(n, k)``); beyond, ``ordering.ordered_select`` uses the torch path.
