@@ -182,8 +182,10 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     spread over the row's programs (``spread_pass``, session 18), 5 and 8 rows of 32768 and
     65536 take the row kernel: 40.6-44.5 against 43.2-67.3 µs (random), 58.8-63.1 against
     59.8-67.0 (short), 57.0-68.1 against 48.9-58.6 (ties, where fp32 topk took 61.7-68.2);
-    at 20000 staged stays (ties 46.8-49.1 against 69.2; random 38.1-40.0 against 39.0-40.3)
-    (``--grid spread``; the boundary between 20000 and 32768 was not timed). The
+    up to 24576 staged stays (ties 46.8-48.9 against 69.0-85.8; random 38.0-40.9 against
+    38.9-40.3), from 28000 the row kernel (random 40.6-40.9 against 40.5-42.1, short 62.1-62.5
+    against 64.9-66.1, ties 56.0-56.9 against 48.1-49.3, fp32 topk 62.4-64.5) (``--grid spread``,
+    ``--grid edge_n --variants --only row,staged``). The
     choice does not depend on whether a stream is capturing, so the first call outside capture
     compiles what capture will launch.
     """
@@ -568,6 +570,12 @@ if _HAVE_TRITON:
             over = 4 * kept.to(tl.int64) * N > 3 * CAP * S
         return T, V, over
 
+    @triton.jit
+    def kept_at(s, i, T, V):
+        # the candidates (score keys s, ids i) that come first in the order down to the sampled
+        # cutoff (T, V): score key > T, or = T with id <= V
+        return (s > T) | ((s == T) & (i <= V))
+
     @triton.jit(noinline=True)  # (noinline: the module docstring's Compile time)
     def sample_pass(sc_row, id_row, sb_row, N, T, V, CHUNK: tl.constexpr, CAP: tl.constexpr):
         # the positions of the row's candidates that come first in the order down to (T, V)
@@ -580,7 +588,7 @@ if _HAVE_TRITON:
         b, i = load_chunk(sc_row, id_row, 0, N, CHUNK)
         for c0 in range(0, N, CHUNK):
             s = score_key(b, i)
-            sel = (s > T) | ((s == T) & (i <= V))
+            sel = kept_at(s, i, T, V)
             b, i = load_chunk(sc_row, id_row, c0 + CHUNK, N, CHUNK)  # the next chunk
             incl, tot = scan_slots(sel.to(tl.int32) + ((s != -2147483648).to(tl.int32) << 16), CHUNK)
             slot = cnt + (incl & 0xFFFF) - 1
@@ -617,7 +625,7 @@ if _HAVE_TRITON:
             V = tl.load(head + 1)
             b, i = load_chunk(sc_ptr + row * s_sq, id_ptr + row * s_iq, c0, N, FCH)
             s = score_key(b, i)
-            sel = (s > T) | ((s == T) & (i <= V))
+            sel = kept_at(s, i, T, V)
             incl, tot = scan_slots(sel.to(tl.int32) + ((s != -2147483648).to(tl.int32) << 16), FCH)
             old = tl.atomic_add((head + 4).to(tl.pointer_type(tl.int64)),
                                 (tot & 0xFFFF).to(tl.int64) | ((tot >> 16).to(tl.int64) << 32), sem="relaxed")
