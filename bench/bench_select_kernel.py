@@ -206,11 +206,11 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
         v["row_c8r128"] = dict(resident=False, num_warps=8, maxnreg=128)
     if q > 4 and n > 16384:  # the sampled cutoff and its pass in the row kernel's program (before session 18)
         v["row_inline_sample"] = dict(spread_sample=False)
-        v["row_spread"] = dict(spread_sample=True)  # (select_kernel.spread_pass's default up to FEW_ROWS_MAX rows)
+        v["row_spread"] = dict(spread_sample=True)  # (select_kernel.spread_pass's default up to SPREAD_ROWS_MAX rows)
         # the spread pass's programs: 8 warps, or 8192 candidates with 8 warps (default 4096 with 4)
         v["row_spread_w8"] = dict(path="row", consts=dict(SPREAD_WARPS=8))
         v["row_spread_c8k"] = dict(path="row", consts=dict(SPREAD_CHUNK=8192, SPREAD_WARPS=8))
-    if q > 4 and n > 16384:  # rows re-read in chunks: without the sampled cutoff (the histogram passes)
+        # rows re-read in chunks: without the sampled cutoff (the histogram passes)
         v.update(row_nosample=dict(resident=False, sample=0),
                  row_c16n=dict(resident=False, num_warps=16, chunk=4096, sample=0),
                  row_c32n=dict(resident=False, num_warps=32, chunk=8192, sample=0))
@@ -456,6 +456,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cold-repeats", type=int, default=1,
                     help="--cold: processes a shape for the compile seconds after Triton's setup (median)")
     args = ap.parse_args(argv)
+    unknown = set(args.baselines.split(",")) - {"", "torch_path", "topk_fp32"}
+    if unknown:
+        ap.error(f"--baselines: unknown {sorted(unknown)} (torch_path, topk_fp32)")
     from tpflare.ops import select_kernel as sk
 
     if not sk.available():

@@ -880,7 +880,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     held, 0 for the others; a report, not an option of the selection), ``spread_sample``
     (with a sampled cutoff: the cutoff and its pass over the row run before the row kernel, in
     kernels of their own, the pass spread over programs of ``SPREAD_CHUNK`` candidates; False:
-    both in the row kernel's program; default ``spread_pass``); of the
+    both in the row kernel's program; default ``spread_pass``; no effect where the row takes no
+    sampled cutoff); of the
     staged path: ``staged`` (``select_staged.staged_select``'s keywords).
     """
     # the caller's options as given, for the calls again below (a device guard; the first call's

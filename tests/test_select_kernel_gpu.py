@@ -872,8 +872,8 @@ def test_long_rows(n, k, kind, path):
 def _kernels():
     from tpflare.ops import radix, select_staged
 
-    return [sk._row_kernel, sk._sample_kernel, sk._spread_pass_kernel, select_staged._hist_kernel, select_staged._compact_kernel, select_staged._finish_kernel,
-            select_staged._walk_kernel,
+    return [sk._row_kernel, sk._sample_kernel, sk._spread_pass_kernel, select_staged._hist_kernel,
+            select_staged._compact_kernel, select_staged._finish_kernel, select_staged._walk_kernel,
             radix._rank_kernel, radix._decode_runs_kernel, radix.bucket_kernel]
 
 
@@ -938,7 +938,8 @@ def _parallel_compile_from_scratch():
     sk._WARMED.clear()
 
 
-@pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096", "row, chunks of 4096, sampled, spread"])
+@pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096",
+                                  "row, chunks of 4096, sampled, spread"])
 def test_parallel_compile_compiles_what_the_call_launches(plan):
     """A plan's first call compiles its kernels at once (select_compile): collecting its launches
     compiles and launches nothing; compile_in_parallel compiles each launched kernel once; the
