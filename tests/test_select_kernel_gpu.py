@@ -449,6 +449,36 @@ def test_row_refine_threshold_edges(n, bins, refine):
         check_equal(got, ref_python(scores, ids, k), f"python n={n} bin={b} k={k}")
 
 
+@pytest.mark.parametrize("n,b", [(6000, 1000), (16000, 700), (16000, 4096), (40000, 3000)])
+def test_row_tie_cut_in_the_finish_registers(n, b):
+    """A tie at the cutoff score held in the finish's registers (a bin of at most 1024 in the 8192
+    tile, 4096 in the 16384 tile, and in the sampled tile of a row read in chunks), cut by id and
+    then, among duplicate ids, by position (the finish's digit passes on the id, then the position).
+    The bin (one 12-bit prefix) holds a tenth of its candidates a few ulps above the tied score
+    and a tenth just below it, so the score phase cuts first; the tie's ids repeat (drawn from a
+    range of an eighth of the bin: about 8 each); k takes one winner of the tie, all but one (at
+    most ``MAX_K`` in all), about half and a third. Both references. (Distinct ids:
+    ``test_row_refine_threshold_edges``.)"""
+    _require_kernel()
+    g = torch.Generator().manual_seed(n + b)
+    above, side = 300, b // 10
+    tie = b - 2 * side
+    t = torch.tensor(0.75)
+    for r in (1, tie - 1, tie // 2, tie // 3 + 5):
+        k = min(sk.MAX_K, above + side + r)
+        sc = torch.cat([2.0 + torch.rand(above, generator=g), torch.full((side,), t.view(torch.int32).item() + 3,
+                        dtype=torch.int32).view(torch.float32), torch.full((tie,), 0.75),
+                        torch.full((side,), t.view(torch.int32).item() - 1, dtype=torch.int32).view(torch.float32),
+                        -2.0 - torch.rand(n - above - b, generator=g)])
+        ids = torch.randperm(4 * n, generator=g)[:n].to(torch.int32)
+        ids[above + side:above + side + tie] = torch.randint(0, b // 8 + 1, (tie,), generator=g).to(torch.int32)
+        perm = torch.randperm(n, generator=g)
+        scores, ids = sc[perm].reshape(1, n).contiguous(), ids[perm].reshape(1, n).contiguous()
+        got = run_kernel(scores, ids, k, path="row")
+        check_equal(got, ref_packed(scores, ids, k), f"n={n} bin={b} k={k}")
+        check_equal(got, ref_python(scores, ids, k), f"python n={n} bin={b} k={k}")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_row_refine_every_bin(kind):
     """The 16384 register tile's refinement (the cutoff bin's score key, id and position found by
