@@ -5,6 +5,7 @@
     ncu -i row.ncu-rep --page source --csv --print-source cuda,sass > row_src.csv
     ncu -i row.ncu-rep --page details --csv > row_details.csv
     python3 bench/ncu_row_kernel.py summary row_src.csv [--details row_details.csv] [--top 25]   # any machine
+    python3 bench/ncu_row_kernel.py diff random_src.csv short_src.csv [--top 30]   # where short's extra goes
 
 ``run`` calls the production kernel (``triton_ordered_select``, N = 16384, k = 2048) twice, so
 the profiled launch is a compiled one. ``summary`` adds up ncu's warp-state samples by source
@@ -47,7 +48,9 @@ def details(path: str) -> None:
     print("; ".join(f"{m}: {got[m]}" for m in DETAILS if m in got))
 
 
-def summary(path: str, top: int) -> None:
+def line_samples(path: str) -> list:
+    """ncu's warp-state samples by source line from its source page (CSV): (samples, file,
+    line, source text, {stall reason: samples}) a line."""
     rows = list(csv.reader(open(path)))
     src, hdr, lines = None, None, []
     for r in rows:
@@ -64,6 +67,11 @@ def summary(path: str, top: int) -> None:
             stalls = {h[6:]: int(v) for h, v in zip(hdr, r)
                       if h.startswith("stall_") and "Not Issued" not in h and v.isdigit() and int(v)}
             lines.append((n, src, r[0], r[1].strip()[:88], stalls))
+    return lines
+
+
+def summary(path: str, top: int) -> None:
+    lines = line_samples(path)
     total = sum(x[0] for x in lines) or 1
     by_file = collections.Counter()
     for n, f, *_ in lines:
@@ -72,6 +80,21 @@ def summary(path: str, top: int) -> None:
     for n, f, ln, text, stalls in sorted(lines, key=lambda x: x[0], reverse=True)[:top]:
         why = ", ".join(f"{k} {v}" for k, v in sorted(stalls.items(), key=lambda x: -x[1])[:3])
         print(f"{100 * n / total:5.1f}% {f}:{ln}  {text}  [{why}]")
+
+
+def diff(base: str, other: str, top: int) -> None:
+    """The source lines whose samples grew most from one profile to another (the same kernel on
+    two inputs, say random scores and a mass tie: where the second's extra time goes)."""
+    a, b = collections.Counter(), collections.Counter()
+    text = {}
+    for counts, path in ((a, base), (b, other)):
+        for n, f, ln, t, _ in line_samples(path):
+            counts[(f, ln)] += n
+            text[(f, ln)] = t
+    print(f"{sum(a.values())} -> {sum(b.values())} samples")
+    grown = sorted(set(a) | set(b), key=lambda key: a[key] - b[key])[:top]
+    for key in grown:
+        print(f"{b[key] - a[key]:6d} ({a[key]:5d} -> {b[key]:5d}) {key[0]}:{key[1]}  {text[key]}")
 
 
 def main(argv=None) -> int:
@@ -86,9 +109,15 @@ def main(argv=None) -> int:
     s.add_argument("csv")
     s.add_argument("--top", type=int, default=25)
     s.add_argument("--details", help="ncu's details page as CSV: kernel-wide figures first")
+    d = sub.add_parser("diff")
+    d.add_argument("base_csv")
+    d.add_argument("other_csv")
+    d.add_argument("--top", type=int, default=30)
     a = ap.parse_args(argv)
     if a.cmd == "run":
         run(a.q, a.pattern, a.n, a.k)
+    elif a.cmd == "diff":
+        diff(a.base_csv, a.other_csv, a.top)
     else:
         if a.details:
             details(a.details)
