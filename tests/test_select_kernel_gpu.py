@@ -463,12 +463,11 @@ def test_row_tie_cut_in_the_finish_registers(n, b):
     g = torch.Generator().manual_seed(n + b)
     above, side = 300, b // 10
     tie = b - 2 * side
-    t = torch.tensor(0.75)
+    bits = torch.tensor(0.8).view(torch.int32).item()  # (0.8 +- a few ulps: one 12-bit prefix, 0.75 .. 0.875)
+    near = [torch.full((side,), bits + d, dtype=torch.int32).view(torch.float32) for d in (3, -1)]
     for r in (1, tie - 1, tie // 2, tie // 3 + 5):
         k = min(sk.MAX_K, above + side + r)
-        sc = torch.cat([2.0 + torch.rand(above, generator=g), torch.full((side,), t.view(torch.int32).item() + 3,
-                        dtype=torch.int32).view(torch.float32), torch.full((tie,), 0.75),
-                        torch.full((side,), t.view(torch.int32).item() - 1, dtype=torch.int32).view(torch.float32),
+        sc = torch.cat([2.0 + torch.rand(above, generator=g), near[0], torch.full((tie,), 0.8), near[1],
                         -2.0 - torch.rand(n - above - b, generator=g)])
         ids = torch.randperm(4 * n, generator=g)[:n].to(torch.int32)
         ids[above + side:above + side + tie] = torch.randint(0, b // 8 + 1, (tie,), generator=g).to(torch.int32)
