@@ -1,7 +1,7 @@
 """Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
 
     python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [--sass [--sass-out DIR]] [--num-warps W]
-                                           [--maxnreg R] [--consts NAME=INT,...] [name ...]
+                                           [--maxnreg R] [--consts NAME=INT,...] [--ptxas 'OPTS;OPTS'] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
@@ -22,7 +22,9 @@ cuobjdump); ``--sass-out DIR`` writes each kernel's SASS text there, for a diff;
 compiles with other warps than each kernel's own, ``--maxnreg`` with Triton's cap on a thread's
 registers;
 ``--consts OB=2048,REFINE=16384`` overrides constexprs (a variant against the production kernel).
-``--profile`` adds where Triton's Python front end spent the compile (cProfile: the code
+``--ptxas '-;--split-compile 0;-O1'`` runs each kernel's PTX through the bundled ptxas again
+with each set of extra options and prints its seconds and SASS digest (which options change the
+code). ``--profile`` adds where Triton's Python front end spent the compile (cProfile: the code
 generator's seconds, the jit functions it generated, the functions with most time of their own).
 ``--threads`` compiles the selected kernels at once, one thread each, and prints the
 wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
@@ -122,6 +124,33 @@ def ptxas_usage(ptx: str, arch: int) -> str:
         return f"{regs.group(1) if regs else '?'} registers, ? bytes spilled"
     return (f"{regs.group(1) if regs else '?'} registers, {sum(spills)} bytes spilled"
             + (f" ({spills[0]} in the kernel's body, the rest in its noinline functions)" if len(spills) > 1 else ""))
+
+
+def ptxas_variants(ptx: str, arch: int, option_sets: list[str]) -> str:
+    """The kernel's PTX through the bundled ptxas again, once per set of extra options ("-" for
+    none: Triton's own call but for its line table): seconds, SASS instructions and the digest of
+    their text (``sass_text``) for each: which options change the code, and what they cost."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(arch).path
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        f, b = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        with open(f, "w") as fh:
+            fh.write(ptx)
+        for opts in option_sets:
+            extra = [] if opts.strip() in ("", "-") else opts.split()
+            t0 = time.perf_counter()
+            r = subprocess.run([ptxas, "-lineinfo", *extra, f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}", f,
+                                "-o", b], capture_output=True, text=True)
+            dt = time.perf_counter() - t0
+            if r.returncode:
+                out.append(f"[{opts}] ptxas failed: {r.stderr.strip()[-300:]}")
+                continue
+            with open(b, "rb") as fh:
+                lines = sass_instructions(fh.read())
+            out.append(f"[{opts}] {dt:.2f} s, {len(lines)} instructions, text sha1 {_sha(sass_text(lines))}")
+    return "; ".join(out)
 
 
 def compile_one(fn, consts: dict, num_warps: int, arch: int, stage_seconds: dict | None = None, maxnreg=None):
@@ -294,6 +323,9 @@ def main(argv=None) -> int:
     ap.add_argument("--consts", default="", help="NAME=INT,... constexprs that override each selected kernel's "
                                                 "(a kernel without such a parameter is compiled as it is)")
     ap.add_argument("--profile", action="store_true", help="also where the Python front end's time goes (cProfile)")
+    ap.add_argument("--ptxas", default="", help="'OPTS;OPTS;...': also each kernel's PTX through the bundled ptxas "
+                                               "with each set of extra options ('-': none), timed, with its SASS "
+                                               "digest (ptxas_variants)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     a.sass = a.sass or bool(a.sass_out)
@@ -328,6 +360,8 @@ def main(argv=None) -> int:
                   f"{ptxas_usage(k.asm['ptx'], a.arch)}" + (f", {sass_spills(k.asm['cubin'], sass_file(a.sass_out, name))}"
                                                             if a.sass else "")
                   + (f"; PTX lines: {ptx_functions(k.asm['ptx'])}" if a.functions else ""), flush=True)
+            if a.ptxas:
+                print(f"     ptxas: {ptxas_variants(k.asm['ptx'], a.arch, a.ptxas.split(';'))}", flush=True)
         except Exception as e:  # report every kernel, then fail
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
