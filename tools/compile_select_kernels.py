@@ -1,7 +1,7 @@
 """Compile the selection kernels ahead of time for a GPU target, on any machine with Triton.
 
     python tools/compile_select_kernels.py [--arch 90] [--stages] [--threads] [--sass [--sass-out DIR]] [--num-warps W]
-                                           [--maxnreg R] [--consts NAME=INT,...] [--ptxas 'OPTS;OPTS'] [name ...]
+                                           [--maxnreg R] [--consts NAME=INT,...] [--ptxas='OPTS;OPTS'] [name ...]
 
 Runs Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin with the bundled ptxas) for
 each kernel of ``ops/select_staged.py``, ``ops/select_kernel.py`` and ``ops/radix.py`` at the
@@ -22,9 +22,9 @@ cuobjdump); ``--sass-out DIR`` writes each kernel's SASS text there, for a diff;
 compiles with other warps than each kernel's own, ``--maxnreg`` with Triton's cap on a thread's
 registers;
 ``--consts OB=2048,REFINE=16384`` overrides constexprs (a variant against the production kernel).
-``--ptxas '-;--split-compile 0;-O1'`` runs each kernel's PTX through the bundled ptxas again
-with each set of extra options and prints its seconds and SASS digest (which options change the
-code). ``--profile`` adds where Triton's Python front end spent the compile (cProfile: the code
+``--ptxas='-;--split-compile 0;-O1'`` (with ``=``: the value starts with ``-``) runs each
+kernel's PTX through the bundled ptxas again with each set of extra options and prints its
+seconds and SASS digest (which options change the code). ``--profile`` adds where Triton's Python front end spent the compile (cProfile: the code
 generator's seconds, the jit functions it generated, the functions with most time of their own).
 ``--threads`` compiles the selected kernels at once, one thread each, and prints the
 wall time against the sum (what a parallel warm-up of a launch plan's kernels could save:
@@ -105,19 +105,30 @@ for _fn, _c, _w in KERNELS.values():  # the finish's largest bin, as triton_orde
         _c.setdefault("FMAX", sk.finish_max(_c["BLOCK"], _c["RESIDENT"], _c["REFINE"], _c["FR2"]))
 
 
+def run_ptxas(ptx: str, arch: int, *options: str):
+    """``ptx`` through the bundled ptxas with ``options`` for ``sm_<arch>`` (``a`` from sm_90):
+    (the finished process, the cubin's bytes or None where ptxas failed, its seconds)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        f, b = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        with open(f, "w") as fh:
+            fh.write(ptx)
+        t0 = time.perf_counter()
+        r = subprocess.run([get_ptxas(arch).path, *options, f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}", f,
+                            "-o", b], capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        cubin = None
+        if r.returncode == 0:
+            with open(b, "rb") as fh:
+                cubin = fh.read()
+    return r, cubin, dt
+
+
 def ptxas_usage(ptx: str, arch: int) -> str:
     """Registers a thread and spill bytes of the kernel in ``ptx`` (its body and its noinline
     functions together), from the bundled ptxas -v."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(arch).path
-    with tempfile.TemporaryDirectory() as d:
-        f = os.path.join(d, "k.ptx")
-        with open(f, "w") as fh:
-            fh.write(ptx)
-        suffix = "a" if arch >= 90 else ""
-        out = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", f, "-o", os.path.join(d, "k.cubin")],
-                             capture_output=True, text=True)
+    out, _, _ = run_ptxas(ptx, arch, "-v")
     regs = re.search(r"Used (\d+) registers", out.stderr)  # (the entry's: ptxas reports it first)
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out.stderr)]  # the entry's, then each function's
     if not spills:
@@ -130,26 +141,14 @@ def ptxas_variants(ptx: str, arch: int, option_sets: list[str]) -> str:
     """The kernel's PTX through the bundled ptxas again, once per set of extra options ("-" for
     none: Triton's own call but for its line table): seconds, SASS instructions and the digest of
     their text (``sass_text``) for each: which options change the code, and what they cost."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(arch).path
     out = []
-    with tempfile.TemporaryDirectory() as d:
-        f, b = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
-        with open(f, "w") as fh:
-            fh.write(ptx)
-        for opts in option_sets:
-            extra = [] if opts.strip() in ("", "-") else opts.split()
-            t0 = time.perf_counter()
-            r = subprocess.run([ptxas, "-lineinfo", *extra, f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}", f,
-                                "-o", b], capture_output=True, text=True)
-            dt = time.perf_counter() - t0
-            if r.returncode:
-                out.append(f"[{opts}] ptxas failed: {r.stderr.strip()[-300:]}")
-                continue
-            with open(b, "rb") as fh:
-                lines = sass_instructions(fh.read())
-            out.append(f"[{opts}] {dt:.2f} s, {len(lines)} instructions, text sha1 {_sha(sass_text(lines))}")
+    for opts in option_sets:
+        r, cubin, dt = run_ptxas(ptx, arch, "-lineinfo", *([] if opts.strip() in ("", "-") else opts.split()))
+        if cubin is None:
+            out.append(f"[{opts}] ptxas failed: {r.stderr.strip()[-300:]}")
+            continue
+        lines = sass_instructions(cubin)
+        out.append(f"[{opts}] {dt:.2f} s, {len(lines)} instructions, text sha1 {_sha(sass_text(lines))}")
     return "; ".join(out)
 
 
