@@ -882,6 +882,43 @@ def test_cuda_graph_capture_and_replay(order, q):
         check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind} {order} q={q}")
 
 
+def _fuzz_tool():
+    # tools/fuzz_select.py (a script, not a package): its shapes and inputs, and the call serving makes
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "fuzz_select.py")
+    spec = importlib.util.spec_from_file_location("fuzz_select", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("index", range(6) if INTERPRET else range(40))
+def test_fuzz_cases(index):
+    """Cases of tools/fuzz_select.py: a shape drawn near the dispatcher's and the tiles' edges
+    (small in the interpreter), rows of up to three score patterns (NaN payloads, +-0, +-inf,
+    subnormals, ulps apart, a -inf padded short context, ...) and id patterns (distinct up to
+    INT32_MAX, positional, duplicated, invalid), at times rows of a wider buffer; the index-th
+    seed from 0 whose case the order rule's special values reach (fuzz_select.special); the
+    call serving makes (ordered_select on CUDA) and the other path, against the packed
+    reference."""
+    import random
+
+    _require_kernel()
+    fz = _fuzz_tool()
+    seed, found = -1, -1
+    while found < index:
+        seed += 1
+        q, n, k = fz.draw_shape(random.Random(seed), 2048 if INTERPRET else 1 << 22)
+        scores, ids, drawn = fz.make_inputs(q, n, seed, _device())
+        found += fz.special(scores, ids, k)
+    want = ref_packed(scores, ids, k)
+    what = f"seed {seed}: Q={q} N={n} k={k} {drawn}"
+    check_equal(fz.serving_call(scores, ids, k), want, what)
+    other = "staged" if sk.choose_path(q, n, k, 132) == "row" else "row"
+    check_equal(sk.triton_ordered_select(scores, ids, k, path=other), want, f"{what} path={other}")
+
+
 LONG = [(131072, 2048), (100003, 2048), (65536, 64), (40000, 1)]
 
 
