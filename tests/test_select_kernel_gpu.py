@@ -896,7 +896,7 @@ def _fuzz_tool():
 @pytest.mark.parametrize("index", range(6) if INTERPRET else range(40))
 def test_fuzz_cases(index):
     """Cases of tools/fuzz_select.py: a shape drawn near the dispatcher's and the tiles' edges
-    (small in the interpreter), rows of up to three score patterns (NaN payloads, +-0, +-inf,
+    (in the interpreter at most 2048 candidates and 8 rows), rows of up to three score patterns (NaN payloads, +-0, +-inf,
     subnormals, ulps apart, a -inf padded short context, ...) and id patterns (distinct up to
     INT32_MAX, positional, duplicated, invalid), at times rows of a wider buffer; the index-th
     seed from 0 whose case the order rule's special values reach (fuzz_select.special); the
@@ -909,8 +909,8 @@ def test_fuzz_cases(index):
     seed, found = -1, -1
     while found < index:
         seed += 1
-        q, n, k = fz.draw_shape(random.Random(seed), 2048 if INTERPRET else 1 << 22)
-        scores, ids, drawn = fz.make_inputs(q, n, seed, _device())
+        q, n, k = fz.draw_shape(random.Random(seed), *((2048, 8) if INTERPRET else (1 << 22, 4096)))
+        scores, ids, drawn = fz.make_inputs(q, n, k, seed, _device())
         found += fz.special(scores, ids, k)
     want = ref_packed(scores, ids, k)
     what = f"seed {seed}: Q={q} N={n} k={k} {drawn}"

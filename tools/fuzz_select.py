@@ -8,7 +8,8 @@ around the staged / row boundary and the SM count, ``N`` around the register til
 sampled and spread thresholds and ``MAX_CANDIDATES``, ``k`` around powers of two and ``N``),
 then each row one of a few score patterns (normal at several scales, a few levels, random bit
 patterns with NaN payloads and subnormals, rows sorted either way, values a few ulps apart,
-scores spread over every octave, a short context padded with ``-inf``) with sprinkles of NaN,
+scores spread over every octave, a short context padded with ``-inf``, and a cutoff bin of a size
+near a threshold of the kernels, ``EDGE_BIN``, with the k-th candidate inside it) with sprinkles of NaN,
 ``+-0``, ``+-inf``, and one of a few id patterns (distinct ids over a range up to
 ``INT32_MAX``, ids in or against position order, duplicated ids, a handful of ids shared by
 the whole row) with a share of invalid (negative) ids. Some cases take rows of a wider
@@ -56,15 +57,18 @@ EDGE_Q = (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 31, 63, 64, 65, 127, 128, 129, 132, 13
 EDGE_N = (1, 2, 3, 31, 32, 33, 511, 1000, 2047, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193, 12000, 16383,
           16384, 16385, 20000, 24576, 24577, 28000, 32768, 40000, 65536, 65537, 100000, 131071, 131072)
 EDGE_K = (1, 2, 3, 17, 64, 100, 1000, 1023, 1024, 1025, 2047)
-SCORES = ("normal", "levels", "bits", "sorted", "ulps", "octaves", "short")
+SCORES = ("normal", "levels", "bits", "sorted", "ulps", "octaves", "short", "bin")
+# cutoff-bin sizes of the "bin" pattern: around the ordering's crowded bucket (16), the finish's
+# register tiers, the refinement thresholds, the staged rank_play and the sampled tile (8192)
+EDGE_BIN = (1, 2, 16, 17, 1023, 1024, 1025, 2047, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193, 16384)
 IDS = ("distinct", "positional", "dups", "few")
 
 
-def draw_shape(rng: random.Random, max_elems: int) -> tuple[int, int, int]:
+def draw_shape(rng: random.Random, max_elems: int, max_rows: int = 4096) -> tuple[int, int, int]:
     n = rng.choice(EDGE_N) if rng.random() < 0.5 else int(round(2 ** rng.uniform(0, 17)))
     n = max(1, min(n, sk.MAX_CANDIDATES, max_elems))
     q = rng.choice(EDGE_Q) if rng.random() < 0.5 else int(round(2 ** rng.uniform(0, 12)))
-    q = max(1, min(q, max_elems // n))
+    q = max(1, min(q, max_rows, max_elems // n))
     r = rng.random()
     if r < 0.45:
         k = sk.MAX_K
@@ -80,7 +84,7 @@ def _floats(bits: torch.Tensor) -> torch.Tensor:
     return (((bits + 2**31) % 2**32) - 2**31).to(torch.int32).view(torch.float32)
 
 
-def _score_rows(kind: str, q: int, n: int, g: torch.Generator, rng: random.Random, dev) -> torch.Tensor:
+def _score_rows(kind: str, q: int, n: int, k: int, g: torch.Generator, rng: random.Random, dev) -> torch.Tensor:
     if kind == "normal":
         return torch.randn(q, n, generator=g, device=dev) * rng.choice((1.0, 1e-30, 1e30, 3e-39))
     if kind == "levels":  # a few distinct values: ties at the cutoff, a whole row equal at one level
@@ -101,7 +105,26 @@ def _score_rows(kind: str, q: int, n: int, g: torch.Generator, rng: random.Rando
         frac = rng.choice((0.0, 0.001, 0.05, 0.5))
         x = torch.randn(q, n, generator=g, device=dev)
         return torch.where(torch.rand(q, n, generator=g, device=dev) < frac, x, float("-inf"))
+    if kind == "bin":
+        return _bin_rows(q, n, k, g, rng, dev)
     raise ValueError(kind)
+
+
+def _bin_rows(q: int, n: int, k: int, g: torch.Generator, rng: random.Random, dev) -> torch.Tensor:
+    # the cutoff's 12-bit bin (scores in [1, 1.125): one prefix) holds B candidates near a
+    # threshold of the kernels, above ones in [2, 4), the rest below 1 (or -inf); the candidates
+    # above the bin are as many as put the k-th inside it (where the row allows)
+    b = max(1, min(rng.choice(EDGE_BIN) + rng.choice((0, 0, -1, 1)), n))
+    above = max(0, min(k - 1 - rng.randrange(min(b, k)), n - b))
+    rank = torch.rand(q, n, generator=g, device=dev).argsort(dim=1).argsort(dim=1)  # a random rank a position
+    spread = rng.choice((0, 1, 4, 1 << 20))  # the bin's keys: one (a mass tie), a few, or any in the prefix
+    inbin = _floats(0x3F800000 + torch.randint(0, spread, (q, n), generator=g, device=dev, dtype=torch.int64)) \
+        if spread else torch.full((q, n), 1.0, device=dev)
+    high = 2.0 + 2.0 * torch.rand(q, n, generator=g, device=dev)
+    low = torch.rand(q, n, generator=g, device=dev) * 0.9
+    if rng.random() < 0.3:
+        low = torch.full_like(low, float("-inf"))
+    return torch.where(rank < above, high, torch.where(rank < above + b, inbin, low))
 
 
 def _sprinkle(s: torch.Tensor, g: torch.Generator, rng: random.Random) -> torch.Tensor:
@@ -155,7 +178,7 @@ def _invalidate(ids: torch.Tensor, g: torch.Generator, rng: random.Random) -> to
     return torch.where(torch.rand(q, n, generator=g, device=ids.device) < share, neg, ids)
 
 
-def make_inputs(q: int, n: int, seed: int, dev) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def make_inputs(q: int, n: int, k: int, seed: int, dev) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """A case's scores and ids ([Q, N], rows of up to three score and id patterns) and what was drawn."""
     rng = random.Random(seed)
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -165,7 +188,7 @@ def make_inputs(q: int, n: int, seed: int, dev) -> tuple[torch.Tensor, torch.Ten
     ids = torch.empty(q, n, dtype=torch.int32, device=dev)
     for j, (sk_, ik) in enumerate(kinds):
         mine = row_kind == j
-        scores = torch.where(mine, _sprinkle(_score_rows(sk_, q, n, g, rng, dev), g, rng), scores)
+        scores = torch.where(mine, _sprinkle(_score_rows(sk_, q, n, k, g, rng, dev), g, rng), scores)
         ids = torch.where(mine, _invalidate(_id_rows(ik, q, n, g, rng, dev), g, rng), ids)
     if rng.random() < 0.15:  # rows of a wider buffer
         pad = rng.choice((1, 3, 64))
@@ -226,7 +249,7 @@ def _graph_check(scores, ids, k, seed, dev) -> str | None:
     with torch.cuda.graph(graph):
         out = serving_call(s_in, i_in, k)
     for j in range(2):
-        s2, i2, _ = make_inputs(scores.shape[0], scores.shape[1], seed * 7 + j + 1, dev)
+        s2, i2, _ = make_inputs(scores.shape[0], scores.shape[1], k, seed * 7 + j + 1, dev)
         s_in.copy_(s2)
         i_in.copy_(i2)
         graph.replay()
@@ -246,7 +269,7 @@ def run(seconds: float, seed: int, max_elems: int, other_path: float, graph: flo
     while time.time() - t0 < seconds:
         case_seed = rng.randrange(2**31)
         q, n, k = draw_shape(random.Random(case_seed), max_elems)
-        scores, ids, drawn = make_inputs(q, n, case_seed, dev)
+        scores, ids, drawn = make_inputs(q, n, k, case_seed, dev)
         plan = sk.launch_plan(q, n, k, n_sm)
         case = dict(seed=case_seed, q=q, n=n, k=k, plan=str(plan), **drawn)
         want = ref_packed(scores, ids, k)
