@@ -16,6 +16,7 @@ log="$OUT/log.txt"
   # about 2 minutes with 8 workers, against more than 5 serially
   xd=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
   echo "=== GPU tests"; timeout 240 python -m pytest -q -p no:cacheprovider $xd tests/test_gpu_capture.py tests/test_select_kernel_gpu.py 2>&1 | tail -15
+  echo "=== selection fuzz"; timeout 200 python tools/fuzz_select.py --seconds 120 --out "$OUT/fuzz.json" --save "$OUT/fuzz_cases" 2>&1 | tail -1
   echo "=== GEMM shapes"; timeout 90 python bench/latent_gemm.py --json "$OUT/gemm.json" 2>&1 | tail -6
   echo "=== comm W=$W"; timeout 200 python bench/latent_comm.py --backend nccl --worlds "$W" --json "$OUT/comm.json" 2>&1 | tail -14
   echo "=== compile time W=$W"; timeout 300 python bench/compile_time.py --world "$W" --backend nccl --json "$OUT/compile.json" 2>&1 | tail -6
