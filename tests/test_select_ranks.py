@@ -79,6 +79,16 @@ def cases(world: int):
 COMPOSITIONS = [("replicated", None), ("owner", "allgather"), ("owner", "bf16"), ("select", None)]
 
 
+def call_composition(comp, plan, s, i, k, g, with_scores):
+    """One entry of COMPOSITIONS on this rank's candidates (group name ``g``)."""
+    ops = torch.ops.tpflare
+    if comp == "replicated":
+        return ops.select_replicated(s, i, k, g, with_scores)
+    if comp == "owner":
+        return ops.select_owner(s, i, k, g, with_scores, plan)
+    return ops.select(s, i, k, g, with_scores)
+
+
 def _run_all(rank, world):
     import torch.distributed as dist
 
@@ -96,12 +106,7 @@ def _run_all(rank, world):
             s, i = s.t().contiguous().t(), i.t().contiguous().t()
         for comp, plan in COMPOSITIONS:
             for with_scores in (False, True):
-                if comp == "replicated":
-                    out = ops.select_replicated(s, i, k, g, with_scores)
-                elif comp == "owner":
-                    out = ops.select_owner(s, i, k, g, with_scores, plan)
-                else:
-                    out = ops.select(s, i, k, g, with_scores)
+                out = call_composition(comp, plan, s, i, k, g, with_scores)
                 assert out[1].shape == ((q, k) if with_scores else (q, 0))
                 results[(ci, comp, plan, with_scores)] = (out[0].tolist(), as_bits(out[1]))
     results["topk_helper"] = select_topk(s, i, k).tolist()
@@ -181,6 +186,22 @@ def test_compositions_match_reference(world):
         assert r["topk_helper"] == res[0]["topk_helper"]
         msg = r["validate_mismatch"]
         assert msg.startswith("ValueError") and "disagree" in msg and "(2, 4)" in msg, msg
+
+
+def test_fuzzed_cases_match_reference():
+    """tools/fuzz_compositions.py at W = 3: 60 seeded cases (shapes, inputs drawn as
+    tools/fuzz_select.py draws them), every composition against the Python reference."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import fuzz_compositions
+
+    res = fuzz_compositions.run([3], cases=60, seed=0, timeout=240)
+    assert res["mismatches"] == [], res["mismatches"][:5]
+    drawn = [fuzz_compositions.draw_case(0, 3, j) for j in range(60)]
+    assert any(q < 3 for q, _, _, _ in drawn) and any(q % 3 for q, _, _, _ in drawn)
+    assert any(k == 3 * c for _, c, k, _ in drawn) and any(k == 1 for _, _, k, _ in drawn)
 
 
 def test_cases_cover_the_brief():

@@ -1,0 +1,107 @@
+"""Differential fuzzing of the selection compositions across ranks (gloo, one process a rank).
+
+    python tools/fuzz_compositions.py [--worlds 2,3,4] [--cases 200] [--seed S] [--out fuzz.json]
+
+Each world size runs ``--cases`` seeded cases in one spawn of its ranks. A case draws ``Q`` rows
+(fewer than the ranks too, and counts the ranks do not divide), ``C`` candidates a rank and ``k``
+from 1 to ``W x C``, then the whole ``[Q, W x C]`` candidate set from
+``tools/fuzz_select.make_inputs`` (NaN payloads, ``+-0``, ``+-inf``, ties, duplicated and
+invalid ids, a cutoff bin at a threshold, ...), so duplicates and ties also fall across ranks;
+rank ``r`` holds columns ``r x C .. (r + 1) x C``. Every rank runs the replicated composition,
+the owner composition with both id-replication plans and the model-facing ``tpflare::select``,
+each with and without scores, and compares them with ``reference_select`` of
+``tests/test_select_ordering.py`` (plain Python, on the concatenated candidates): ids equal,
+score bits equal except where DESIGN leaves them open (an id held twice in its row whose
+copies are both NaN). Cases are drawn from the seed alone, so every rank runs the same ones;
+a rank that raises or hangs fails the run (``run_ranks`` stops every rank at its timeout).
+Exit status 1 on any mismatch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _p in (_HERE, os.path.join(_HERE, "..", "tests")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import torch  # noqa: E402
+
+from test_select_ranks import COMPOSITIONS, call_composition  # noqa: E402  (what the rank tests run)
+
+
+def draw_case(seed: int, world: int, index: int) -> tuple[int, int, int, int]:
+    """(Q, C, k, the inputs' seed) of case ``index``: the same on every rank."""
+    rng = random.Random(f"{seed}/{world}/{index}")
+    q = rng.choice((1, max(1, world - 1), world, world + 1, 2 * world + 1, rng.randint(1, 9)))
+    c = rng.choice((1, 2, 3, 7, 16, 33, rng.randint(1, 48)))
+    n = world * c
+    k = rng.choice((1, 2, c, c + 1, n - 1, n, rng.randint(1, n)))
+    return q, c, max(1, min(k, n)), rng.randrange(2**31)
+
+
+def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
+    """What one rank runs: every case's compositions against the reference; its mismatches."""
+    import tpflare  # noqa: F401  (registers the ops)
+    from fuzz_select import make_inputs, mismatch
+    from test_select_ordering import from_bits, reference_select
+    from tpflare.distributed import group_name_of
+
+    g = group_name_of(None)
+    bad = []
+    for index in range(cases):
+        q, c, k, case_seed = draw_case(seed, world, index)
+        s_all, i_all, drawn = make_inputs(q, world * c, k, case_seed, "cpu")
+        s, i = s_all[:, rank * c:(rank + 1) * c], i_all[:, rank * c:(rank + 1) * c]
+        ref_ids, ref_bits = reference_select([s_all], [i_all], k)
+        want = (torch.tensor(ref_ids, dtype=torch.int32), from_bits(ref_bits))
+        for comp, plan in COMPOSITIONS:
+            for with_scores in (False, True):
+                out = call_composition(comp, plan, s, i, k, g, with_scores)
+                got = (out[0], out[1] if with_scores else want[1])
+                msg = mismatch(got, want, i_all)
+                if msg:
+                    bad.append(dict(index=index, q=q, c=c, k=k, seed=case_seed, composition=comp, plan=plan,
+                                    with_scores=with_scores, rank=rank, mismatch=msg, **drawn))
+    return bad
+
+
+def run(worlds, cases: int, seed: int, timeout: float) -> dict:
+    from tpflare.testing import run_ranks
+
+    res = dict(seed=seed, cases=cases, torch=torch.__version__, worlds={}, mismatches=[])
+    for world in worlds:
+        t0 = time.time()
+        per_rank = run_ranks(rank_cases, world, (seed, cases), timeout=timeout)
+        res["worlds"][world] = round(time.time() - t0, 1)
+        for bad in per_rank:
+            res["mismatches"].extend(bad)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worlds", default="2,3,4", help="world sizes, comma-separated")
+    ap.add_argument("--cases", type=int, default=200, help="cases a world size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds a world size's ranks may take")
+    ap.add_argument("--out", help="write the summary (JSON) here")
+    a = ap.parse_args(argv)
+    res = run([int(w) for w in a.worlds.split(",")], a.cases, a.seed, a.timeout)
+    for m in res["mismatches"][:20]:
+        print("MISMATCH", m)
+    print(f"{a.cases} cases at each world size {list(res['worlds'])} (seconds {list(res['worlds'].values())}); "
+          f"{len(res['mismatches'])} mismatches")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 1 if res["mismatches"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
