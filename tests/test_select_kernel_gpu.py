@@ -13,6 +13,7 @@ runs as a script (``python tests/test_select_kernel_gpu.py``). Under
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -882,6 +883,7 @@ def test_cuda_graph_capture_and_replay(order, q):
         check_equal((out[0].clone(), out[1].clone()), ref_packed(s2, i2, k), f"graph replay {kind} {order} q={q}")
 
 
+@functools.lru_cache(maxsize=1)
 def _fuzz_tool():
     # tools/fuzz_select.py (a script, not a package): its shapes and inputs, and the call serving makes
     import importlib.util
