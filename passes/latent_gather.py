@@ -5,6 +5,7 @@ collectives, DTensor's ``RowwiseParallel``, a stack's registered all-reduce op):
 
     x_full [.., K]                      (replicated on every rank: checked, see replication.py)
       -> K-slice [r*K/W : (r+1)*K/W]    slice | split/chunk getitem | index_select(arange)
+                                        (Inductor's decomposition: index(x, [.., iota]))
       [-> view / expand / clone]*
       -> mm | bmm | addmm(bias/W, ..)   against  permute(w_col) ([N, K/W], [out, in])
                                         or       w_io            ([K/W, N], [in, out])
@@ -37,6 +38,7 @@ from . import collectives
 from .collectives import Reduce
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 _X_CHAIN = {aten.expand.default, aten.view.default, aten._unsafe_view.default,
             aten.reshape.default, aten.clone.default, aten.alias.default}
@@ -121,9 +123,26 @@ def _weight(b: Any) -> tuple[fx.Node | None, str, list[fx.Node]]:
     return node, layout, chain
 
 
+def _size(a: Any):
+    """A size argument as its value: an int, or the SymInt an FX node of a symbolic size holds."""
+    return _val(a) if isinstance(a, fx.Node) else a
+
+
+def _as_range(index: Any):
+    """(start, end, step) of an index tensor that is a range: ``arange`` (what the user wrote)
+    or ``prims.iota`` (Inductor's decomposition of it); None otherwise."""
+    if _is(index, {aten.arange.start, aten.arange.start_step}):
+        return index.args[0], index.args[1], index.args[2] if len(index.args) > 2 else 1
+    if _is(index, {prims.iota.default}):
+        length, start, step = (_size(v) for v in (index.args[0], index.kwargs.get("start", 0),
+                                                  index.kwargs.get("step", 1)))
+        return start, start + length * step, step
+    return None
+
+
 def _as_k_slice(node: Any):
     """A K-slice in any of its ATen spellings, as (x_full, dim, start, end, step, nodes
-    that die with it); None if ``node`` is not one."""
+    that die with it); None if ``node`` is not one. Bounds may be symbolic (SymInt)."""
     if _is(node, {aten.slice.Tensor}):
         a = node.args
         return (a[0], a[1] if len(a) > 1 else 0, a[2] if len(a) > 2 else 0,
@@ -133,19 +152,26 @@ def _as_k_slice(node: Any):
         if _is(split, {aten.split.Tensor, aten.split_with_sizes.default}):
             size_arg = split.args[1]
             dim = split.args[2] if len(split.args) > 2 else 0
-            k_full = _val(split.args[0]).shape[dim]
-            sizes = (list(size_arg) if isinstance(size_arg, (list, tuple))
-                     else [size_arg] * (-(-k_full // size_arg)))
-            start = sum(sizes[:j])
+            if isinstance(size_arg, (list, tuple)):
+                sizes = [_size(v) for v in size_arg]
+                start, end = sum(sizes[:j]), sum(sizes[:j + 1])
+            else:  # (chunk, or split by one size: a node where the size is symbolic; the last
+                size = _size(size_arg)  # piece may be shorter, which the caller clips at K)
+                start, end = size * j, size * (j + 1)
             siblings = [u for u in split.users if u is not node]
             dead = siblings + [split] if all(not u.users for u in siblings) else []
-            return split.args[0], dim, start, start + sizes[j], 1, dead
+            return split.args[0], dim, start, end, 1, dead
     if _is(node, {aten.index_select.default}):
         x, dim, index = node.args
-        if _is(index, {aten.arange.start, aten.arange.start_step}):
-            step = index.args[2] if len(index.args) > 2 else 1
-            dead = [index] if len(index.users) == 1 else []
-            return x, dim, index.args[0], index.args[1], step, dead
+        rng = _as_range(index)
+        if rng is not None:
+            return (x, dim, *rng, [index] if len(index.users) == 1 else [])
+    if _is(node, {aten.index.Tensor}):  # index_select as Inductor's decompositions leave it
+        x, indices = node.args
+        picked = [(d, index) for d, index in enumerate(indices) if index is not None]
+        if len(picked) == 1 and _as_range(picked[0][1]) is not None:
+            dim, index = picked[0]
+            return (x, dim, *_as_range(index), [index] if len(index.users) == 1 else [])
     return None
 
 

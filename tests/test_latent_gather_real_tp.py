@@ -536,3 +536,20 @@ def test_fx_cache_hit_still_reports_and_a_stack_backend_gets_the_rewrite(tmp_pat
         own = r["own_backend"]
         assert [rec[0] for rec in own["records"]] == ["rewritten"] and own["equal"], own
         assert own["inner_inputs"] == [3], own                           # x, c + the appended row shard
+
+
+# --- fuzzed spellings ------------------------------------------------------------------------------
+def test_fuzzed_spellings_rewrite_exactly_or_skip_with_a_reason():
+    """tools/fuzz_latent.py, 8 seeded sites at W = 2 (K-slice, GEMM, reduction, bias, pointwise
+    op, dtype, rows, width, replication and dynamic=True drawn at random): a rewritten site holds
+    the gather emulation's bits on every rank, a skipped one plain Inductor's bits and its reason;
+    no compile crashes."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import fuzz_latent
+
+    res = fuzz_latent.run(2, cases=8, seed=0, timeout=300)
+    assert res["findings"] == [], [{k: v for k, v in f.items() if k != "trace"} for f in res["findings"][:3]]
+    assert res["sites"].get("rewritten") and res["sites"].get("skipped"), res["sites"]
