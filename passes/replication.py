@@ -26,7 +26,7 @@ from . import collectives
 
 @dataclasses.dataclass(frozen=True)
 class Upstream:
-    leaves: tuple[int, ...]        # placeholder indices the value is computed from
+    leaves: tuple[Any, ...]        # the placeholders' keys (``upstream``'s map) the value is computed from
     proven_groups: tuple[str, ...]  # replicating collectives it is computed from
     fingerprint: str               # ops and constants upstream (must agree across ranks)
     blocker: str | None = None     # why it can never be replicated
@@ -44,8 +44,11 @@ def _describe(a: Any, local: dict[fx.Node, int]) -> Any:
     return repr(a)
 
 
-def upstream(node: fx.Node, placeholders: dict[fx.Node, int], order: dict[fx.Node, int] | None = None) -> Upstream:
+def upstream(node: fx.Node, placeholders: dict[fx.Node, Any], order: dict[fx.Node, int] | None = None) -> Upstream:
     """Walk everything ``node`` is computed from, stopping at replicating collectives.
+
+    ``placeholders`` maps each graph input to its key in the fingerprint and the leaves: one
+    every rank gives the same input (its source name), or its position.
 
     ``order`` (node -> position in the graph) may be passed by a caller that walks
     from many sites of one graph, so the graph is enumerated once.
@@ -55,7 +58,7 @@ def upstream(node: fx.Node, placeholders: dict[fx.Node, int], order: dict[fx.Nod
     seen: set[fx.Node] = set()
     stack = [node]
     region: list[fx.Node] = []
-    leaves: set[int] = set()
+    leaves: set[Any] = set()
     groups: set[str] = set()
     blocker = None
     while stack:
@@ -94,7 +97,7 @@ def upstream(node: fx.Node, placeholders: dict[fx.Node, int], order: dict[fx.Nod
         else:
             item = (n.op, str(n.target), _describe(n.args, local), _describe(n.kwargs, local))
         h.update(repr(item).encode())
-    return Upstream(tuple(sorted(leaves)), tuple(sorted(groups)), h.hexdigest()[:24], blocker)
+    return Upstream(tuple(sorted(leaves, key=lambda k: (type(k).__name__, k))), tuple(sorted(groups)), h.hexdigest()[:24], blocker)
 
 
 __all__ = ["Upstream", "upstream"]

@@ -214,7 +214,7 @@ def _rows_gate(s, min_rows: int) -> str | None:
     return f"rows: {rows} rows < {min_rows} (TPFLARE_LATENT_GATHER_MIN_ROWS){how}"
 
 
-def _differing_leaves(i: int, rec: dict, everyone: list, ranks: list) -> list[tuple[int, list[int]]]:
+def _differing_leaves(i: int, rec: dict, everyone: list, ranks: list) -> list[tuple[Any, list[int]]]:
     """Graph inputs upstream of site ``i``'s hidden row whose state (bits) some rank sees otherwise:
     (flat index, the ranks that disagree with this one)."""
     out = []
@@ -363,9 +363,18 @@ class LatentGatherCompiler:
             return f"cannot map the graph's inputs to the model's tensors ({mapping_problem})"
         return _rows_gate(s, st.latent_gather_min_rows)
 
-    def _replication(self, s, upstream, index, order, st, memo: dict[int, tuple]) -> dict[str, Any]:
-        """What this rank knows about whether ``x_full`` (and a bias/W's bias) is replicated."""
-        ups = [upstream(v, index, order) for v in (s.x_full, s.bias) if v is not None]
+    def _replication(self, s, upstream, index, order, st, memo: dict[Any, tuple]) -> dict[str, Any]:
+        """What this rank knows about whether ``x_full`` (and a bias/W's bias) is replicated.
+
+        Graph inputs are named by their Dynamo source (``L['x']``, a parameter's name) in the
+        fingerprint and the leaves the ranks compare, not by position: Dynamo may number one
+        program's inputs differently on two ranks (symbolic sizes under ``dynamic=True``). Where
+        two inputs share a name, by position, as before."""
+        names = [self._flat[i][2] for i in range(len(self._flat))]
+        unique = len(set(names)) == len(names)
+        key = {p: (names[i] if unique else i) for p, i in index.items()}
+        flat_of = {key[p]: i for p, i in index.items()}
+        ups = [upstream(v, key, order) for v in (s.x_full, s.bias) if v is not None]
         blocker = next((u.blocker for u in ups if u.blocker), None)
         site_ranks = set(group_ranks(s.group))
         for u in ups:
@@ -377,13 +386,14 @@ class LatentGatherCompiler:
                 if not covers:
                     blocker = blocker or f"computed from a collective over group {g!r}, which does not span {s.group!r}"
         trust = st.latent_gather_replication == "trust"
-        leaves = sorted({i for u in ups for i in u.leaves})
-        for i in leaves:
-            if i not in memo:
-                memo[i] = _leaf_state(self._flat[i][0], self._flat[i][1], trust)
-        states = {i: memo[i] for i in leaves}
+        leaves = sorted({leaf for u in ups for leaf in u.leaves}, key=lambda k: (type(k).__name__, k))
+        for leaf in leaves:
+            if leaf not in memo:
+                i = flat_of[leaf]
+                memo[leaf] = _leaf_state(self._flat[i][0], self._flat[i][1], trust)
+        states = {leaf: memo[leaf] for leaf in leaves}
         return dict(blocker=blocker, fingerprint=[u.fingerprint for u in ups], leaves=states,
-                    leaf_names={i: self._flat[i][2] for i in leaves},
+                    leaf_names={leaf: self._flat[flat_of[leaf]][2] for leaf in leaves},
                     proof=("collective" if not leaves else
                            "dtensor" if all(v[0] == "dtensor-replicate" for v in states.values()) else
                            "trusted" if trust else "checked"))

@@ -553,3 +553,31 @@ def test_fuzzed_spellings_rewrite_exactly_or_skip_with_a_reason():
     res = fuzz_latent.run(2, cases=8, seed=0, timeout=300)
     assert res["findings"] == [], [{k: v for k, v in f.items() if k != "trace"} for f in res["findings"][:3]]
     assert res["sites"].get("rewritten") and res["sites"].get("skipped"), res["sites"]
+
+
+def _dynamic_split(rank, world):
+    tpflare = _setup()
+    import torch.distributed as dist
+
+    ks = _dims(world)[0] // world
+    w, _ = _full(world, 11)
+    c = w[:, rank * ks:(rank + 1) * ks].contiguous()
+
+    def f(x, c):
+        y = torch.mm(x.split(ks, -1)[rank], c.T)
+        dist.all_reduce(y)
+        return y
+
+    x = _x(world, 64, 12)
+    with torch.no_grad(), tpflare.config.patch(latent_gather=True):
+        y = torch.compile(f, backend="tpflare", fullgraph=True, dynamic=True)(x, c)
+    return dict(records=_records(), emulation=torch.equal(y, _gather_bits(x, w, world)), same=_same_everywhere(y))
+
+
+def test_dynamic_split_by_an_int_is_rewritten():
+    """Under dynamic=True Dynamo numbered this program's graph inputs differently on the two ranks
+    (found by tools/fuzz_latent.py): the replication fingerprint named inputs by position and
+    the site was skipped as "different ops or constants"; inputs are named by source now."""
+    for r in run_ranks(_dynamic_split, 2, timeout=240):
+        assert [rec[:2] for rec in r["records"]] == [("rewritten", "")], r["records"]
+        assert r["emulation"] and r["same"], r
