@@ -184,6 +184,19 @@ def _bias_over_world(c: Any, world: int) -> fx.Node | None:
     return None
 
 
+def _gemm_plus_bias(node: Any) -> bool:
+    """``add(GEMM output, a number or an [N] vector)``: a bias spelt out inside the partial."""
+    if not _is(node, {aten.add.Tensor}):
+        return False
+    a, b = node.args[:2]
+    for g, other in ((a, b), (b, a)):
+        if _is(_walk_back(g, _OUT_CHAIN, []), _GEMMS | _BIASED_GEMMS):
+            v = _val(other)
+            if not isinstance(other, fx.Node) or (isinstance(v, torch.Tensor) and v.dim() <= 1):
+                return True
+    return False
+
+
 def _static_size(d: Any, specialize: bool) -> int | None:
     """A static size; a symbolic one is specialised (a guard: weights do not change shape)
     only when the caller may rewrite, so a knob-off compile gains no guards."""
@@ -215,6 +228,10 @@ def _classify(s: Site, specialize: bool) -> None:
         a, b = gemm.args[1], gemm.args[2]
     elif _is(gemm, _GEMMS):
         a, b = gemm.args[0], gemm.args[1]
+    elif _gemm_plus_bias(gemm):
+        s.skip = ("bias added inside each rank's partial (GEMM + bias before the reduce: the reduce adds "
+                  "it W times); add it after the reduce")
+        return
     else:
         s.skip = "reduced tensor is not a GEMM output (mm/bmm/addmm)"
         return

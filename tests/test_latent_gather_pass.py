@@ -177,6 +177,12 @@ def test_structural_skips_name_their_reason():
 
     assert "used outside the reduce" in _skip(leaky, X)
     assert "not a GEMM output" in _skip(lambda x, w, r: _reduce(x * 2), X)
+    assert "not a GEMM output" in _skip(lambda x, w, r: _reduce(x[..., RANK * KS:] + 1), X)
+    assert "bias added inside" in _skip(                                  # mm + bias, spelt out
+        lambda x, w, r: _reduce(x[..., RANK * KS:(RANK + 1) * KS] @ w.t() + r[:, 0]), X,
+        rows=torch.randn(N, 2 * KS, dtype=torch.bfloat16))
+    assert "not a GEMM output" in _skip(                                  # two partials summed: not a bias
+        lambda x, w, r: _reduce(x[..., RANK * KS:(RANK + 1) * KS] @ w.t() + x[..., :KS] @ w.t()), X)
     assert "not sum" in (lg.find_sites(make_fx(lambda x: c10d.wait_tensor(c10d.all_reduce(x, "max", "g")),
                                                tracing_mode="fake")(X).graph, _info())[0].skip or "")
 
