@@ -169,9 +169,10 @@ def _as_k_slice(node: Any):
     if _is(node, {aten.index.Tensor}):  # index_select as Inductor's decompositions leave it
         x, indices = node.args
         picked = [(d, index) for d, index in enumerate(indices) if index is not None]
-        if len(picked) == 1 and _as_range(picked[0][1]) is not None:
+        rng = _as_range(picked[0][1]) if len(picked) == 1 else None
+        if rng is not None:
             dim, index = picked[0]
-            return (x, dim, *_as_range(index), [index] if len(index.users) == 1 else [])
+            return (x, dim, *rng, [index] if len(index.users) == 1 else [])
     return None
 
 

@@ -216,7 +216,7 @@ def _rows_gate(s, min_rows: int) -> str | None:
 
 def _differing_leaves(i: int, rec: dict, everyone: list, ranks: list) -> list[tuple[Any, list[int]]]:
     """Graph inputs upstream of site ``i``'s hidden row whose state (bits) some rank sees otherwise:
-    (flat index, the ranks that disagree with this one)."""
+    (the input's key, _input_keys, and the ranks that disagree with this one)."""
     out = []
     for leaf, state in rec["leaves"].items():
         differ = [r for r, o in zip(ranks, everyone) if o[i]["leaves"].get(leaf) != state]
@@ -316,6 +316,7 @@ class LatentGatherCompiler:
 
         st = self.settings
         index = {p: i for i, p in enumerate(placeholders)}
+        keys = self._input_keys(index)
         mapping_problem = match_inputs(fakes, self._flat)
         allowed = {d.strip() for d in st.latent_gather_dtypes.split(",") if d.strip()}
         states: dict[int, tuple] = {}        # one hash per graph input, however many sites read it
@@ -330,7 +331,7 @@ class LatentGatherCompiler:
             else:
                 rec["skip"] = s.skip or mode or self._static_gate(s, st, allowed, mapping_problem)
             if rec["skip"] is None:
-                rec.update(self._replication(s, upstream, index, order, st, states))
+                rec.update(self._replication(s, upstream, keys, order, st, states))
                 rec.update(self._row_source(s, index))
                 rec["rows_hint"] = str(_hint(s.rows()))
                 inputs = list(rec["leaf_names"].values())      # source names, stable across recompiles
@@ -363,17 +364,21 @@ class LatentGatherCompiler:
             return f"cannot map the graph's inputs to the model's tensors ({mapping_problem})"
         return _rows_gate(s, st.latent_gather_min_rows)
 
-    def _replication(self, s, upstream, index, order, st, memo: dict[Any, tuple]) -> dict[str, Any]:
-        """What this rank knows about whether ``x_full`` (and a bias/W's bias) is replicated.
-
-        Graph inputs are named by their Dynamo source (``L['x']``, a parameter's name) in the
-        fingerprint and the leaves the ranks compare, not by position: Dynamo may number one
-        program's inputs differently on two ranks (symbolic sizes under ``dynamic=True``). Where
-        two inputs share a name, by position, as before."""
+    def _input_keys(self, index: dict) -> tuple[dict, dict]:
+        """Each graph input's key in the replication proof (placeholder -> key) and back (key ->
+        flat index): its Dynamo source (``L['x']``, a parameter's name), not its position, in the
+        fingerprint and the leaves the ranks compare, since Dynamo may number one program's
+        inputs differently on two ranks (symbolic sizes under ``dynamic=True``); by position where
+        two inputs share a name."""
         names = [self._flat[i][2] for i in range(len(self._flat))]
         unique = len(set(names)) == len(names)
         key = {p: (names[i] if unique else i) for p, i in index.items()}
-        flat_of = {key[p]: i for p, i in index.items()}
+        return key, {key[p]: i for p, i in index.items()}
+
+    def _replication(self, s, upstream, keys, order, st, memo: dict[Any, tuple]) -> dict[str, Any]:
+        """What this rank knows about whether ``x_full`` (and a bias/W's bias) is replicated
+        (``keys``: ``_input_keys``)."""
+        key, flat_of = keys
         ups = [upstream(v, key, order) for v in (s.x_full, s.bias) if v is not None]
         blocker = next((u.blocker for u in ups if u.blocker), None)
         site_ranks = set(group_ranks(s.group))
@@ -496,6 +501,7 @@ class LatentGatherCompiler:
 
         fake_mode = detect_fake_mode(list(example_inputs))
         index = {p: i for i, p in enumerate(placeholders)}
+        keys = self._input_keys(index)
         rows_nodes: dict[int, fx.Node] = {}
         new_fakes: list[Any] = []
         last = placeholders[-1]

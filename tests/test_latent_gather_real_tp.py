@@ -39,12 +39,12 @@ def _rel(y, ref):
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
-def _gather_bits(x, w, world):
+def gather_bits(x, w, world):
     """An eager emulation of the gather: every rank's full-K GEMM with its row shard, blocks side by side."""
     return torch.cat([(wr @ x.T).T for wr in w.chunk(world, 0)], 1)
 
 
-def _same_everywhere(t):
+def same_everywhere(t):
     import torch.distributed as dist
 
     bits = t.detach().contiguous().view(torch.int16).to(torch.int32)
@@ -130,10 +130,10 @@ def _dtensor(rank, world):
     refs = [x64 @ full["plain.weight"].double().T,
             x64 @ full["biased.weight"].double().T + full["biased.bias"].double(),
             x64 @ full["dtensor_out.weight"].double().T + full["dtensor_out.bias"].double()]
-    res = dict(records=_records(), same=[_same_everywhere(o) for o in outs],
+    res = dict(records=_records(), same=[same_everywhere(o) for o in outs],
                gather=[_rel(o, r) for o, r in zip(outs, refs)], reduce=[_rel(o, r) for o, r in zip(eager, refs)],
                chained=_rel(outs[3], outs[0].double() @ full["chained.weight"].double().T))
-    res["emulation_equal"] = torch.equal(outs[0], _gather_bits(x, full["plain.weight"], world))
+    res["emulation_equal"] = torch.equal(outs[0], gather_bits(x, full["plain.weight"], world))
     if world == 2:                        # the same plan under dynamic=True: 64 rows, then 4 (below the gate)
         torch._dynamo.reset()
         tpflare.clear_report()
@@ -225,7 +225,7 @@ def _stack(rank, world):
     with tpflare.config.patch(latent_gather=True):
         outs = torch.compile(f, backend="tpflare", fullgraph=True)(x, c1, c2)
     refs = [x.double() @ w.double().T for w in (w1, w2)]
-    return dict(records=_records(), same=[_same_everywhere(o) for o in outs],
+    return dict(records=_records(), same=[same_everywhere(o) for o in outs],
                 gather=[_rel(o, r) for o, r in zip(outs, refs)], reduce=[_rel(o, r) for o, r in zip(eager, refs)])
 
 
@@ -280,7 +280,7 @@ def _spellings(rank, world):
             torch._dynamo.reset()
             y = torch.compile(fn, backend="tpflare", fullgraph=True)(*args)
             eager = fn(*args)
-            out[name] = dict(records=_records(), same=_same_everywhere(y), equal_eager=torch.equal(y, eager),
+            out[name] = dict(records=_records(), same=same_everywhere(y), equal_eager=torch.equal(y, eager),
                              gather=_rel(y, ref), reduce=_rel(eager, ref))
     from tpflare import row_shards
 
@@ -338,9 +338,9 @@ def _layouts(rank, world):
             tpflare.clear_report()
             y = torch.compile(lambda x, c: post(f(x, c)), backend="tpflare", fullgraph=True)(x, c)
             e = post(f(x, c))
-            gather = post(_gather_bits(x, w, world))
+            gather = post(gather_bits(x, w, world))
             got[name] = dict(records=_records(), stride=list(y.stride()), eager_stride=list(e.stride()),
-                             viewable=y.view(-1).numel() == y.numel(), same=_same_everywhere(y),
+                             viewable=y.view(-1).numel() == y.numel(), same=same_everywhere(y),
                              is_gather=torch.equal(y, gather))
     return got
 
@@ -374,9 +374,9 @@ def _dynamic(rank, world):
                 records=_records(),
                 history_free=all(torch.equal(ys[i], ys[j]) for i in range(len(calls)) for j in range(i)
                                  if calls[i] is calls[j]),
-                same=all(_same_everywhere(y) for y in ys),
+                same=all(same_everywhere(y) for y in ys),
                 decode_is_reduce=torch.equal(ys[next(i for i, x in enumerate(calls) if x is x4)], f(x4, c)),
-                prefill_is_gather=all(torch.equal(y, _gather_bits(x, w, world))
+                prefill_is_gather=all(torch.equal(y, gather_bits(x, w, world))
                                       for x, y in zip(calls, ys) if x is not x4))
     with tpflare.config.patch(latent_gather=False):  # the knob off: its reason, not the symbolic sizes'
         torch._dynamo.reset()
@@ -415,9 +415,9 @@ def _history(rank, world):
             tpflare.clear_report()
             cf = torch.compile(f, backend="tpflare", fullgraph=True)       # automatic dynamic
             ys = [cf(x, c) for x in calls]
-            out[run] = dict(records=_records(), same=all(_same_everywhere(y) for y in ys),
+            out[run] = dict(records=_records(), same=all(same_everywhere(y) for y in ys),
                             eager=[torch.equal(y, f(x, c)) for x, y in zip(calls, ys)],
-                            gather=[torch.equal(y, _gather_bits(x, w, world)) for x, y in zip(calls, ys)],
+                            gather=[torch.equal(y, gather_bits(x, w, world)) for x, y in zip(calls, ys)],
                             max_diff=[(y.float() - f(x, c).float()).abs().max().item() for x, y in zip(calls, ys)])
     out["warnings"] = list(warned)
     return out
@@ -459,9 +459,9 @@ def _rewrite_then_unreplicated(rank, world):
         ys = [cf(x, c) for x in calls]
     recs = [r for r in tpflare.report() if r["kind"] == "latent_gather"]
     return dict(records=[(r["decision"], r.get("reason") or "", r.get("earlier_rewrite")) for r in recs],
-                warnings=list(warned), same=all(_same_everywhere(y) for y in ys),
+                warnings=list(warned), same=all(same_everywhere(y) for y in ys),
                 eager=[torch.equal(y, f(x, c)) for x, y in zip(calls, ys)],
-                first_is_gather=torch.equal(ys[0], _gather_bits(x100, w, world)),
+                first_is_gather=torch.equal(ys[0], gather_bits(x100, w, world)),
                 first_equals_third=torch.equal(ys[0], ys[2]))
 
 
@@ -571,7 +571,7 @@ def _dynamic_split(rank, world):
     x = _x(world, 64, 12)
     with torch.no_grad(), tpflare.config.patch(latent_gather=True):
         y = torch.compile(f, backend="tpflare", fullgraph=True, dynamic=True)(x, c)
-    return dict(records=_records(), emulation=torch.equal(y, _gather_bits(x, w, world)), same=_same_everywhere(y))
+    return dict(records=_records(), emulation=torch.equal(y, gather_bits(x, w, world)), same=same_everywhere(y))
 
 
 def test_dynamic_split_by_an_int_is_rewritten():

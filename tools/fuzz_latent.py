@@ -27,12 +27,16 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
 import sys
 import time
 import traceback
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from test_latent_gather_real_tp import gather_bits, same_everywhere  # noqa: E402  (the tests' emulation and check)
 
 SLICES = ("getitem", "narrow", "chunk", "split", "tensor_split", "index_select")
 GEMMS = ("linear", "matmul_t", "in_out", "mm", "linear_3d")
@@ -108,9 +112,7 @@ def _site(case: dict, rank: int, world: int, group):
         return post(y, bias)
 
     def emulation(x):
-        x2 = x.reshape(-1, k)
-        y = torch.cat([(wr @ x2.T).T for wr in w.chunk(world, 0)], 1).reshape(*x.shape[:-1], n)
-        return post(y, b)
+        return post(gather_bits(x.reshape(-1, k), w, world).reshape(*x.shape[:-1], n), b)
 
     return fn, (io if gemm == "in_out" else col, b), emulation
 
@@ -120,15 +122,6 @@ def _inputs(case: dict, rank: int, rows: int, world: int):
     shape = (2, rows, case["k"]) if case["gemm"] == "linear_3d" else (rows, case["k"])
     x = torch.randn(*shape, generator=g).to(getattr(torch, case["dtype"]))
     return x if case["replicated"] else x + rank
-
-
-def _same_everywhere(t) -> bool:
-    import torch.distributed as dist
-
-    bits = t.detach().contiguous().view(torch.uint8)
-    out = [torch.empty_like(bits) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, bits)
-    return all(torch.equal(out[0], o) for o in out)
 
 
 def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
@@ -183,7 +176,7 @@ def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
             x = _inputs(case, rank, rows, world)
             with torch.no_grad():
                 emul = emulation(x)
-            same = _same_everywhere(y)
+            same = same_everywhere(y)
             is_plain, is_emul = torch.equal(y, plain_out[rows]), torch.equal(y, emul)
             if decisions.get("rewritten") and not decisions.get("skipped"):
                 ok = is_emul and same
