@@ -1,6 +1,6 @@
 """Run a function on W local processes joined by a gloo group (tests, benches, demo).
 
-``run_ranks(fn, world)`` spawns one process per rank, initialises
+``run_ranks(fn, world)`` starts one process per rank, initialises
 ``torch.distributed`` (gloo on CPU by default, NCCL if ``backend="nccl"``),
 calls ``fn(rank, world, *args)`` and returns every rank's return value in rank
 order.  It never hangs: a rank that raises makes the call raise (with that
@@ -27,7 +27,8 @@ class RankFailure(RuntimeError):
 
 def _child(fn, rank, world, args, init_file, backend, env, q) -> None:
     try:
-        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        os.environ.clear()  # the caller's environment at the call, as a spawned process starts with
+        os.environ.update({k: str(v) for k, v in env.items()})
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         import datetime
 
@@ -53,6 +54,33 @@ def _child(fn, rank, world, args, init_file, backend, env, q) -> None:
         q.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
+# Environment variables that ``import torch`` may read (TORCH_LOGS, TORCH_TRACE, OpenMP, CUDA,
+# the loader): a rank forked from the server sees torch as imported under the server's values.
+_IMPORT_ENV = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "GOMP_", "CUDA", "LD_", "PYTHON")
+_server_env: dict[str, str] | None = None
+
+
+def _import_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_ENV)}
+
+
+def _context():
+    """Forkserver with torch preloaded (a rank then starts without importing torch: about a
+    third of a small multi-rank test on 2 CPU cores) where the environment that ``import
+    torch`` reads is what it was when this process first started the server; spawn otherwise,
+    and where there is no forkserver."""
+    global _server_env
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    if _server_env is None:
+        _server_env = _import_env()
+    elif _import_env() != _server_env:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])
+    return ctx
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world: int,
@@ -65,14 +93,15 @@ def run_ranks(
     grace: float = 20.0,
 ) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on ``world`` processes; results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     q = ctx.Queue()
     fd, init_file = tempfile.mkstemp(prefix="tpflare_pg_")
     os.close(fd)
     os.unlink(init_file)
     procs = []
     for r in range(world):
-        e = dict(env or {})
+        e = dict(os.environ)
+        e.update(env or {})
         e.update((rank_env or {}).get(r, {}))
         p = ctx.Process(target=_child, args=(fn, r, world, tuple(args), init_file, backend, e, q),
                         daemon=True)
