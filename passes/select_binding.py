@@ -39,6 +39,22 @@ def _static_shape(node: Any) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
+_warned_symbolic = False
+
+
+def _warn_symbolic_rows(site: str) -> None:
+    """Once a process: a site whose shape is symbolic gets no race (the report has every site)."""
+    global _warned_symbolic
+    if _warned_symbolic:
+        return
+    _warned_symbolic = True
+    log.warning("tpflare: selection site %s has a symbolic shape (dynamic=True, or a second shape "
+                "under Dynamo's automatic dynamic shapes), so it runs the default composition (%s) "
+                "with no race. To race each capacity, compile with dynamic=False (one graph a "
+                "capacity, as examples/serve.py does) or torch._dynamo.mark_static on its row "
+                "dimension. Logged once; tpflare.format_report() lists every site.", site, race.DEFAULT)
+
+
 def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
     if len(node.args) > i:
         return node.args[i]
@@ -71,6 +87,8 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
             reporting.record("select", "bound", site=site, composition=race.DEFAULT, source="default",
                              reason="dynamic shape or non-constant k/group: default composition, no race",
                              kernel=kernel)
+            if shape is None:
+                _warn_symbolic_rows(site)
             node.target = torch.ops.tpflare.select_replicated.default
             node.args = tuple(node.args[:4]) + (with_scores, kernel)
             node.kwargs = {}

@@ -59,13 +59,24 @@ def test_forced_site_binds_the_resolved_kernel(fake_cuda_group, knob, bound, sel
     assert f"'{bound}'" in gm.code  # the regenerated code passes it as a constant
 
 
-def test_dynamic_site_binds_the_knob_value(fake_cuda_group):
-    gm = _graph(4, 64, 16, symbolic=True)
+def test_dynamic_site_binds_the_knob_value(fake_cuda_group, caplog, monkeypatch):
+    monkeypatch.setattr(select_binding, "_warned_symbolic", False)
     settings = tpflare.config.resolve({"TPFLARE_SELECT_KERNEL": "auto"})
-    assert select_binding.bind_select_sites(gm, [], settings) == []
-    (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "tpflare" in str(n.target)]
-    assert node.target == torch.ops.tpflare.select_replicated.default
-    assert node.args[4:] == (True, "auto")
+    with caplog.at_level("WARNING", logger="tpflare.passes.select_binding"):
+        for graph_id in ("g0", "g1"):
+            gm = _graph(4, 64, 16, symbolic=True)
+            assert select_binding.bind_select_sites(gm, [], settings, graph_id=graph_id) == []
+            (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "tpflare" in str(n.target)]
+            assert node.target == torch.ops.tpflare.select_replicated.default
+            assert node.args[4:] == (True, "auto")
+    # the user is told once how to get the race back, not once a graph
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "g0:" in warned[0] and "dynamic=False" in warned[0], warned
+    monkeypatch.setattr(select_binding, "_warned_symbolic", False)
+    gm = _graph(4, 64, 16)  # a static site warns nothing
+    forced = tpflare.config.resolve({"TPFLARE_SELECT": "replicated"})
+    select_binding.bind_select_sites(gm, [], forced, graph_id="g2")
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
 
 
 def _eager_kernel_argument(rank, world):
