@@ -23,6 +23,10 @@ Ops (namespace ``tpflare``; the group is a plain ``str`` group name):
   ``plan="bf16"``: every int32 as its 4 bytes, each byte an exact BF16 integer
   0..255, in a sum all-reduce where only the owner's rows are non-zero; decoded
   back to the same int32 bits.  Scores travel the same way as int32 bit patterns.
+* ``select_by_rows(scores, ids, k, group_name, with_scores, rows, compositions, select_kernel)``:
+  a site whose row count is symbolic at preparation: the composition raced at the smallest
+  listed row count at or above the call's (the largest's beyond them); ``compositions`` names
+  one a row count, comma-separated (``replicated``, ``owner/allgather``, ``owner/bf16``).
 * ``select(scores, ids, k, group_name, with_scores, select_kernel="torch")``: what model code
   calls (``select_topk``); eagerly it is ``select_replicated``.  The compile-time
   binding replaces the node with a race winner, whose leading arguments match.
@@ -233,11 +237,8 @@ def _(local, q, group_name, plan):
 
 
 # --- owner composition --------------------------------------------------------------------
-@torch.library.custom_op("tpflare::select_owner", mutates_args=())
-def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scores: bool,
-                 id_replication: str, select_kernel: str = "torch") -> tuple[Tensor, Tensor]:
-    """All-to-all each row's candidates to its owner; the owner selects; replicate exactly."""
-    op = "select_owner"
+def _owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scores: bool,
+           id_replication: str, select_kernel: str, op: str) -> tuple[Tensor, Tensor]:
     world = _world(group_name, op)
     _check_args(scores, ids, k, group_name, op, world)
     _check_plan(id_replication, op, "id_replication")
@@ -257,11 +258,65 @@ def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scor
             both[:, k:].clone(memory_format=fresh).view(torch.float32))
 
 
+@torch.library.custom_op("tpflare::select_owner", mutates_args=())
+def select_owner(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scores: bool,
+                 id_replication: str, select_kernel: str = "torch") -> tuple[Tensor, Tensor]:
+    """All-to-all each row's candidates to its owner; the owner selects; replicate exactly."""
+    return _owner(scores, ids, k, group_name, with_scores, id_replication, select_kernel, "select_owner")
+
+
 @select_owner.register_fake
 def _(scores, ids, k, group_name, with_scores, id_replication, select_kernel="torch"):
     _fake_check(scores, ids, k, group_name, "select_owner")
     _check_plan(id_replication, "select_owner", "id_replication")
     check_kernel(select_kernel, "tpflare.select_owner")
+    return _fake_outputs(scores, ids, k, with_scores)
+
+
+# --- a table of compositions by row count (sites whose row count is symbolic) -------------
+COMPOSITION_NAMES = ("replicated",) + tuple(f"owner/{p}" for p in ID_REPLICATION_PLANS)
+
+
+def _check_table(rows: list[int], compositions: str, op: str) -> list[str]:
+    """The table's composition names (``compositions``: comma-separated, one a row count)."""
+    names = compositions.split(",") if isinstance(compositions, str) else []
+    if not rows or len(rows) != len(names):
+        raise ValueError(f"tpflare.{op}: rows and compositions must be non-empty and of one length, "
+                         f"got {len(rows)} and {len(names)}")
+    if any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in rows) or list(rows) != sorted(set(rows)):
+        raise ValueError(f"tpflare.{op}: rows must be ascending distinct positive ints, got {list(rows)}")
+    bad = [n for n in names if n not in COMPOSITION_NAMES]
+    if bad:
+        raise ValueError(f"tpflare.{op}: compositions {bad}: expected each of {COMPOSITION_NAMES}")
+    return names
+
+
+def pick_by_rows(q: int, rows: list[int], names: list[str]) -> str:
+    """The composition a call of ``q`` rows runs: the one listed for the smallest row count
+    ``>= q``, or for the largest where ``q`` is beyond them all."""
+    for r, name in zip(rows, names):
+        if q <= r:
+            return name
+    return names[-1]
+
+
+@torch.library.custom_op("tpflare::select_by_rows", mutates_args=())
+def select_by_rows(scores: Tensor, ids: Tensor, k: int, group_name: str, with_scores: bool,
+                   rows: list[int], compositions: str, select_kernel: str = "torch") -> tuple[Tensor, Tensor]:
+    """A composition chosen by the call's row count from a table decided at preparation
+    (``rows`` ascending; ``compositions``, comma-separated, the one raced at each: ``pick_by_rows``)."""
+    op = "select_by_rows"
+    name = pick_by_rows(scores.shape[0], rows, _check_table(rows, compositions, op))
+    if name == "replicated":
+        return _replicated(scores, ids, k, group_name, with_scores, op, select_kernel)
+    return _owner(scores, ids, k, group_name, with_scores, name.split("/", 1)[1], select_kernel, op)
+
+
+@select_by_rows.register_fake
+def _(scores, ids, k, group_name, with_scores, rows, compositions, select_kernel="torch"):
+    _fake_check(scores, ids, k, group_name, "select_by_rows")
+    _check_table(rows, compositions, "select_by_rows")
+    check_kernel(select_kernel, "tpflare.select_by_rows")
     return _fake_outputs(scores, ids, k, with_scores)
 
 
@@ -316,5 +371,6 @@ def validate_candidates(scores: Tensor, ids: Tensor, k: int, group: Any = None, 
                                                  zip(ranks or range(len(seen)), seen)))
 
 
-__all__ = ["select_replicated", "select_owner", "replicate_ids", "select", "select_topk",
-           "validate_candidates", "owner_rows", "rows_per_owner", "ID_REPLICATION_PLANS"]
+__all__ = ["select_replicated", "select_owner", "select_by_rows", "replicate_ids", "select", "select_topk",
+           "validate_candidates", "owner_rows", "rows_per_owner", "pick_by_rows", "ID_REPLICATION_PLANS",
+           "COMPOSITION_NAMES"]

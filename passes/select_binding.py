@@ -6,9 +6,13 @@ compiled under one winner is never served when the cache or knobs now say
 another.  The node keeps its leading arguments; the composition appends its child
 plans: the owner composition's id replication, and every composition's ordered-selection
 kernel (``TPFLARE_SELECT_KERNEL`` resolved for the site at preparation).  Replay reads no
-knob; it runs no Python decision except at a site whose shape is not static here, which
-gets the knob's value itself (``auto``/``triton``: the op picks the Triton kernel where it
-supports the call's row length, a per-shape rule).
+knob. A site whose row count is symbolic (``dynamic=True``, or Dynamo's automatic dynamic
+shapes from a frame's second shape) is decided at each row count of ``TPFLARE_SELECT_ROWS``
+and bound as ``tpflare::select_by_rows`` with that table as arguments: the op picks by the
+call's rows, so every capacity later captured runs a raced winner. A site whose candidates a
+rank are symbolic gets the default composition and the knob's value as its kernel (``auto``/
+``triton``: the op picks the Triton kernel where it supports the call's row length, a
+per-shape rule), and the first such site of a process logs a warning naming the fix.
 """
 from __future__ import annotations
 
@@ -27,32 +31,20 @@ log = logging.getLogger("tpflare.passes.select_binding")
 _SELECT = {torch.ops.tpflare.select, torch.ops.tpflare.select.default}
 
 
-def _static_shape(node: Any) -> tuple[int, ...] | None:
-    val = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
-    if val is None:
-        return None
-    shape = []
-    for d in val.shape:
-        if not isinstance(d, int):
-            return None
-        shape.append(d)
-    return tuple(shape)
-
-
 _warned_symbolic = False
 
 
-def _warn_symbolic_rows(site: str) -> None:
-    """Once a process: a site whose shape is symbolic gets no race (the report has every site)."""
+def _warn_symbolic(site: str) -> None:
+    """Once a process: a site bound to the default with no race (the report has every site)."""
     global _warned_symbolic
     if _warned_symbolic:
         return
     _warned_symbolic = True
-    log.warning("tpflare: selection site %s has a symbolic shape (dynamic=True, or a second shape "
-                "under Dynamo's automatic dynamic shapes), so it runs the default composition (%s) "
-                "with no race. To race each capacity, compile with dynamic=False (one graph a "
-                "capacity, as examples/serve.py does) or torch._dynamo.mark_static on its row "
-                "dimension. Logged once; tpflare.format_report() lists every site.", site, race.DEFAULT)
+    log.warning("tpflare: selection site %s runs the default composition (%s) with no race: its "
+                "shape is not known at preparation (or TPFLARE_SELECT_ROWS is empty for a symbolic "
+                "row count), or k / the group is not a constant. Compile with dynamic=False (one "
+                "graph a capacity, as examples/serve.py does) to race each capacity. Logged once; "
+                "tpflare.format_report() lists every site.", site, race.DEFAULT)
 
 
 def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
@@ -61,39 +53,50 @@ def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
     return node.kwargs.get(name, default)
 
 
+def _dims(node: Any) -> tuple[Any, ...] | None:
+    val = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
+    return None if val is None else tuple(val.shape)
+
+
 def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settings,
                       graph_id: str = "", recompile: bool = True) -> list[race.Decision]:
-    """Bind every selection site in ``gm`` (edited in place); one decision per site.
+    """Bind every selection site in ``gm`` (edited in place); the decisions made.
 
     Sites with the same (Q, C, k, group, with_scores) -- one per layer in a model --
     share one decision: ``race.decide`` (cache lookup, hit agreement collective,
     race on a miss) runs once per distinct site in the graph, in graph order, so
-    every rank makes the same collectives.  ``recompile=False`` leaves regenerating
-    ``gm``'s code to the caller.
+    every rank makes the same collectives.  A site whose row count is symbolic gets a
+    table: one decision at each row count of ``TPFLARE_SELECT_ROWS``, bound as
+    ``tpflare::select_by_rows``; its candidates a rank, if symbolic, are specialised to
+    the example's (a shape guard: a graph for other C recompiles). ``recompile=False``
+    leaves regenerating ``gm``'s code to the caller (needed wherever a site was found).
     """
-    decisions = []
-    decided: dict[tuple, tuple[str, race.Decision]] = {}  # site signature -> (first site, decision)
+    decisions: list[race.Decision] = []
+    decided: dict[tuple, tuple[str, Any]] = {}  # site signature -> (first site, its decision or table)
+    changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _SELECT:
             continue
+        changed = True
         site = f"{graph_id}:{node.name}"
         scores, k, group_name = _arg(node, 0, "scores"), _arg(node, 2, "k"), _arg(node, 3, "group_name")
         with_scores = bool(_arg(node, 4, "with_scores", False))
-        shape = _static_shape(scores)
-        if shape is None or len(shape) != 2 or not isinstance(k, int) or not isinstance(group_name, str):
-            # the row length is not known here: the knob's value goes in ("auto"/"triton": the
-            # Triton kernel where it supports the shape of the call, a per-shape rule, no global read)
-            kernel = settings.select_kernel
-            reporting.record("select", "bound", site=site, composition=race.DEFAULT, source="default",
-                             reason="dynamic shape or non-constant k/group: default composition, no race",
-                             kernel=kernel)
-            if shape is None:
-                _warn_symbolic_rows(site)
-            node.target = torch.ops.tpflare.select_replicated.default
-            node.args = tuple(node.args[:4]) + (with_scores, kernel)
-            node.kwargs = {}
+        dims = _dims(scores)
+        k = _value(k)
+        if dims is None or len(dims) != 2 or k is None or not isinstance(group_name, str):
+            _bind(node, race.compositions(settings, settings.select_kernel)[0], with_scores, site, "default",
+                  "shape not known here, or non-constant k/group: default composition, no race",
+                  kernel=settings.select_kernel)
             continue
-        q, c = shape
+        q, c = dims
+        pinned = race.forced(settings)
+        if pinned is None and (isinstance(q, int) or settings.select_rows):
+            # specialised (shape guards: another value recompiles) so the site can be raced: C (the
+            # model's top-C a rank) and k are the model's constants, which dynamic=True makes symbolic
+            c, k = int(c), int(k)
+        if not isinstance(c, int) or not isinstance(k, int) or not isinstance(q, int):
+            decisions += _bind_symbolic(node, site, q, c, k, group_name, with_scores, settings, decided)
+            continue
         sig = (q, c, k, group_name, with_scores)
         if sig in decided:
             first, d = decided[sig]
@@ -103,10 +106,72 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
         else:
             d = race.decide(q, c, k, group_name, with_scores, device_of_backend(group_name), settings, site=site)
             decided[sig] = (site, d)
-        node.target = getattr(torch.ops.tpflare, d.composition.op).default
-        node.args = tuple(node.args[:4]) + (with_scores,) + tuple(d.composition.extra_args)
-        node.kwargs = {}
-        decisions.append(d)
-    if decisions and recompile:
+            decisions.append(d)
+        _put(node, d.composition, with_scores)
+    if changed and recompile:
         gm.recompile()
     return decisions
+
+
+def _value(v: Any) -> Any:
+    """An int argument's value here: an int, a SymInt (a graph input under dynamic shapes), or
+    None where unknown."""
+    if isinstance(v, fx.Node):
+        v = v.meta.get("example_value", v.meta.get("val"))
+    return v if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) else None
+
+
+def _put(node: fx.Node, comp: race.Composition, with_scores: bool) -> None:
+    node.target = getattr(torch.ops.tpflare, comp.op).default
+    node.args = tuple(node.args[:4]) + (with_scores,) + tuple(comp.extra_args)
+    node.kwargs = {}
+
+
+def _bind(node: fx.Node, comp: race.Composition, with_scores: bool, site: str, source: str, why: str,
+          **fields: Any) -> None:
+    """Bind one composition without a race (forced, or the default), and report it."""
+    reporting.record("select", "bound", site=site, composition=comp.name, source=source, reason=why, **fields)
+    if source == "default":
+        _warn_symbolic(site)
+    _put(node, comp, with_scores)
+
+
+def _bind_symbolic(node: fx.Node, site: str, q: Any, c: Any, k: int, group_name: str, with_scores: bool,
+                   settings: Settings, decided: dict) -> list[race.Decision]:
+    """A site of symbolic shape: a forced composition as such; with no row counts to race at
+    (``TPFLARE_SELECT_ROWS`` empty), the default; else (``c`` static by now) one decision at each
+    listed row count (races or cache hits, shared by the sites of the same C, k, group and
+    with_scores), bound as a table the op reads by the call's rows."""
+    device = device_of_backend(group_name)
+    # the kernel: resolved for the site where C is known, else the knob's value (a per-call rule)
+    static = isinstance(c, int) and isinstance(k, int)
+    kernel = race.site_kernel(settings, c, k, group_name, device) if static else settings.select_kernel
+    shape = {n: v if isinstance(v, int) else "symbolic" for n, v in (("Q", q), ("C", c), ("k", k))}
+    shape["kernel"] = kernel
+    pinned = race.forced(settings, kernel)
+    if pinned is not None:
+        _bind(node, pinned, with_scores, site, "forced", f"TPFLARE_SELECT={settings.select}", **shape)
+        return []
+    rows = tuple(settings.select_rows)
+    if not rows:
+        _bind(node, race.compositions(settings, kernel)[0], with_scores, site, "default",
+              "symbolic row count and TPFLARE_SELECT_ROWS empty: default composition, no race", **shape)
+        return []
+    sig = ("rows", rows, c, k, group_name, with_scores)
+    if sig in decided:
+        first, table = decided[sig]
+        fresh: list[race.Decision] = []
+        why = f"same (C, k, group, with_scores) as {first}: its table"
+    else:
+        table = [race.decide(r, c, k, group_name, with_scores, device, settings, site=f"{site}@rows={r}")
+                 for r in rows]
+        decided[sig] = (site, table)
+        fresh = table
+        why = f"symbolic row count: a decision at each of TPFLARE_SELECT_ROWS={','.join(map(str, rows))}"
+    names = [d.composition.name for d in table]
+    reporting.record("select", "bound", site=site, composition="by rows", source="table", reason=why,
+                     table=dict(zip(rows, names)), sources=[d.source for d in table], **shape)
+    node.target = torch.ops.tpflare.select_by_rows.default
+    node.args = tuple(node.args[:4]) + (with_scores, list(rows), ",".join(names), kernel)
+    node.kwargs = {}
+    return fresh

@@ -64,6 +64,18 @@ def _parse_str(name: str, raw: str) -> str:
     return raw
 
 
+def _parse_rows(name: str, raw: str) -> tuple[int, ...]:
+    """Ascending distinct positive row counts, comma-separated (brackets allowed); "" = none."""
+    parts = [p for p in raw.strip().strip("[]()").replace(" ", "").split(",") if p]
+    try:
+        rows = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected comma-separated row counts") from None
+    if any(r < 1 for r in rows) or list(rows) != sorted(set(rows)):
+        raise ConfigError(f"{name}={raw!r}: row counts must be ascending, distinct and >= 1")
+    return rows
+
+
 @dataclasses.dataclass(frozen=True)
 class Knob:
     field: str
@@ -153,6 +165,13 @@ KNOBS: tuple[Knob, ...] = (
          "plan); tpflare.ops.select_kernel.precompile(capacities) compiles a server's plans at "
          "preparation. Figures and commands: "
          "docs/benchmarks_select_kernel.md. CPU always uses torch."),
+    Knob("select_rows", _parse_rows, (1, 4, 16, 64, 256, 1024, 4096),
+         "Row counts at which a selection site whose row count is symbolic (dynamic=True, or "
+         "Dynamo's automatic dynamic shapes from a frame's second shape) is raced at preparation; "
+         "the bound op (tpflare::select_by_rows) runs, per call, the winner at the smallest listed "
+         "count >= its rows (the largest's beyond them); the site's candidates a rank and k, if "
+         "symbolic, are specialised (shape guards: other values recompile). Empty = no race there: "
+         "the default composition (replicated). A site of static shape races its own row count."),
     Knob("race_warmup", _parse_int, 3, "Race: untimed warm-up runs per composition.", minimum=0),
     Knob("race_iters", _parse_int, 10, "Race: timed runs per composition (median taken).",
          minimum=1),
@@ -276,6 +295,8 @@ def knobs_markdown() -> str:
         default = k.default
         if isinstance(default, bool):
             default = int(default)
+        elif isinstance(default, tuple):  # as the env var takes it
+            default = ",".join(map(str, default))
         opts = getattr(k.parse, "options", None)
         doc = k.doc + (f" ({'/'.join(opts)})" if opts else "")
         rows.append(f"| `{k.env}` | `{default!s}` | {'yes' if k.decision else 'no'} | {doc} |")

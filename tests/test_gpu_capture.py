@@ -22,8 +22,10 @@ def _capture_select(rank, world, mode):
     s0, i0 = race.make_candidates(Q, C, rank, world, 1, "holdout", dev)
     if mode == "reduce-overhead":
         cf = torch.compile(f, backend="tpflare", mode="reduce-overhead", fullgraph=True)
-    else:
-        cf = torch.compile(f, backend="tpflare", fullgraph=True)
+    else:  # dynamic: a symbolic row count, so a table raced at 1 and 8 rows (select_by_rows)
+        if mode == "dynamic":
+            tpflare.config.select_rows = "1,8"
+        cf = torch.compile(f, backend="tpflare", fullgraph=True, dynamic=mode == "dynamic")
         static_s, static_i = s0.clone(), i0.clone()
         for _ in range(3):
             cf(static_s, static_i)
@@ -47,7 +49,7 @@ def _capture_select(rank, world, mode):
     return bad, bound
 
 
-@pytest.mark.parametrize("mode", ["cudagraph", "reduce-overhead"])
+@pytest.mark.parametrize("mode", ["cudagraph", "reduce-overhead", "dynamic"])
 def test_selection_site_captured_and_replayed(mode):
     world = torch.cuda.device_count()
     if mode == "reduce-overhead" and world > 1:
@@ -55,7 +57,9 @@ def test_selection_site_captured_and_replayed(mode):
                     "passes at W=1 (H200), see tools/diag_reduce_overhead.py to diagnose")
     for bad, bound in run_ranks(_capture_select, world, args=(mode,), backend="nccl", timeout=300,
                                 env={"NCCL_NVLS_ENABLE": "0"}):
-        assert bad == 0 and len(bound) == 1
+        assert bad == 0
+        # dynamic: one decision at each listed row count, then the table
+        assert bound[-1] == "by rows" and len(bound) == 3 if mode == "dynamic" else len(bound) == 1, bound
 
 
 def _capture_gather(rank, world):

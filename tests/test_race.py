@@ -54,6 +54,49 @@ def test_race_then_cache_hit_in_new_processes(tmp_path):
         assert r["composition"] == first[0]["composition"]
 
 
+def _dynamic_site(rank, world, cache_dir):
+    import tpflare
+    from tpflare import race
+
+    quick_race_knobs(cache_dir=cache_dir, select_rows="1,4")
+
+    def f(s, i):
+        return tpflare.select_topk(s, i, K, with_scores=True)
+
+    cf = torch.compile(f, backend="tpflare", fullgraph=True, dynamic=True)
+    exact = {}
+    # 7: beyond the table's last row count; C // 2: other candidates a rank (C is specialised: a recompile)
+    for q, c in ((3, C), (1, C), (4, C), (2, C), (7, C), (3, C // 2)):
+        s, i = race.make_candidates(q, c, rank, world, 5, "holdout", torch.device("cpu"))
+        ids, scores = cf(s, i)
+        exact[(q, c)] = race.same_selection(ids, scores, *race.expected_selection(q, c, K, world, 5, "holdout"))
+    tables = [r for r in tpflare.report() if r["kind"] == "select" and r["composition"] == "by rows"]
+    rungs = [r for r in tpflare.report() if r["kind"] == "select" and "@rows=" in r.get("site", "")]
+    return dict(exact=exact, tables=[(sorted(r["table"].items()), r["sources"]) for r in tables],
+                rungs=sorted((r["Q"], r["source"]) for r in rungs), stats=dict(race.stats))
+
+
+def test_symbolic_rows_get_a_table_raced_at_each_row_count(tmp_path):
+    """dynamic=True: the site's row count is symbolic; it is raced at each of TPFLARE_SELECT_ROWS
+    (1, 4), bound as a table (select_by_rows), exact at every row count (between the listed ones
+    and beyond them); a second start takes every row count from the cache."""
+    first = run_ranks(_dynamic_site, 2, args=(str(tmp_path),), timeout=240)
+    for r in first:
+        assert all(r["exact"].values()), r["exact"]
+        assert len(r["tables"]) == 2, r["tables"]              # C and C // 2: a table each
+        (table, sources), _ = r["tables"]
+        assert [q for q, _ in table] == [1, 4] and len(sources) == 2
+        assert [q for q, _ in r["rungs"]] == [1, 1, 4, 4]
+        assert r["stats"]["races"] >= 1
+    assert first[0]["tables"] == first[1]["tables"]       # the same table on every rank
+    second = run_ranks(_dynamic_site, 2, args=(str(tmp_path),), timeout=240)
+    for r in second:
+        assert all(r["exact"].values()), r["exact"]
+        assert r["stats"]["races"] == 0 and r["stats"]["cache_hits"] >= 2
+        assert r["tables"][0][0] == first[0]["tables"][0][0]
+        assert r["tables"][0][1] == ["cache", "cache"]
+
+
 def _decide(rank, world, cache_root, per_rank_dirs, select, seed_entries):
     import tpflare
     from tpflare import race

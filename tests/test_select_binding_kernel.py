@@ -16,12 +16,20 @@ from tpflare.ops import ordering
 from tpflare.passes import select_binding
 
 
-def _graph(q: int, c: int, k: int, symbolic: bool = False) -> fx.GraphModule:
+def _graph(q: int, c: int, k: int, symbolic: bool = False, sites: int = 1, symbolic_rows: bool = False) -> fx.GraphModule:
     g = fx.Graph()
     s, i = g.placeholder("s"), g.placeholder("i")
     s.meta["example_value"] = torch.empty(q, c) if not symbolic else None
-    node = g.call_function(torch.ops.tpflare.select.default, (s, i, k, "0", True))
-    g.output((g.call_function(lambda t: t[0], (node,)),))
+    if symbolic_rows:  # a fake tensor whose row count is a SymInt, its candidates static
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+        s.meta["example_value"] = mode.from_tensor(torch.empty(q, c), symbolic_context=ctx)
+        assert not isinstance(s.meta["example_value"].shape[0], int)
+    outs = [g.call_function(torch.ops.tpflare.select.default, (s, i, k, "0", True)) for _ in range(sites)]
+    g.output(tuple(g.call_function(lambda t: t[0], (n,)) for n in outs))
     return fx.GraphModule(torch.nn.Module(), g)
 
 
@@ -69,6 +77,7 @@ def test_dynamic_site_binds_the_knob_value(fake_cuda_group, caplog, monkeypatch)
             (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "tpflare" in str(n.target)]
             assert node.target == torch.ops.tpflare.select_replicated.default
             assert node.args[4:] == (True, "auto")
+            assert "select_replicated" in gm.code  # the code runs what the graph says
     # the user is told once how to get the race back, not once a graph
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "g0:" in warned[0] and "dynamic=False" in warned[0], warned
@@ -108,3 +117,51 @@ def test_eager_select_topk_passes_the_knob_or_the_argument():
 
     ((seen, same),) = run_ranks(_eager_kernel_argument, 1)
     assert seen == ["triton", "auto"] and same  # CPU tensors: both run the torch path
+
+
+def _fake_decide(calls):
+    """race.decide standing in: owner/bf16 up to 4 rows, replicated beyond (no collectives)."""
+    def decide(q, c, k, group_name, with_scores, device, settings, site=""):
+        calls.append((q, c, k, site))
+        comps = {cm.name: cm for cm in race.compositions(settings, race.site_kernel(settings, c, k, group_name, device))}
+        return race.Decision(comps["owner/bf16" if q <= 4 else "replicated"], "race", key=f"k{q}")
+    return decide
+
+
+def test_symbolic_rows_bind_a_table_decided_at_each_row_count(fake_cuda_group, monkeypatch, caplog):
+    calls = []
+    monkeypatch.setattr(race, "decide", _fake_decide(calls))
+    monkeypatch.setattr(select_binding, "_warned_symbolic", False)
+    settings = tpflare.config.resolve({"TPFLARE_SELECT_ROWS": "1,4,64", "TPFLARE_SELECT_KERNEL": "auto"})
+    gm = _graph(8, 64, 16, sites=2, symbolic_rows=True)
+    with caplog.at_level("WARNING", logger="tpflare.passes.select_binding"):
+        decisions = select_binding.bind_select_sites(gm, [], settings, graph_id="g")
+    # one decision a row count, shared by both sites (same C, k, group, with_scores)
+    assert [c[0] for c in calls] == [1, 4, 64] and len(decisions) == 3
+    assert all(c[3].startswith("g:") and "@rows=" in c[3] for c in calls)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and "tpflare" in str(n.target)]
+    assert len(nodes) == 2
+    for node in nodes:
+        assert node.target == torch.ops.tpflare.select_by_rows.default
+        assert node.args[4:] == (True, [1, 4, 64], "owner/bf16,owner/bf16,replicated", "triton")
+    assert gm.code.count("select_by_rows") == 2
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # a race is no warning
+
+
+@pytest.mark.parametrize("knobs, target, tail", [
+    ({"TPFLARE_SELECT": "owner", "TPFLARE_SELECT_ID_REPLICATION": "bf16"}, "select_owner", ("bf16", "triton")),
+    ({"TPFLARE_SELECT_ROWS": ""}, "select_replicated", ("triton",)),
+], ids=["forced", "no_rows"])
+def test_symbolic_rows_forced_or_without_row_counts(fake_cuda_group, monkeypatch, caplog, knobs, target, tail):
+    calls = []
+    monkeypatch.setattr(race, "decide", _fake_decide(calls))
+    monkeypatch.setattr(select_binding, "_warned_symbolic", False)
+    gm = _graph(8, 64, 16, symbolic_rows=True)
+    with caplog.at_level("WARNING", logger="tpflare.passes.select_binding"):
+        select_binding.bind_select_sites(gm, [], tpflare.config.resolve(knobs), graph_id="g")
+    assert calls == []
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "tpflare" in str(n.target)]
+    assert node.target == getattr(torch.ops.tpflare, target).default  # a forced composition holds under dynamic shapes
+    assert node.args[4:] == (True,) + tail and target in gm.code
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == (0 if "TPFLARE_SELECT" in knobs else 1)

@@ -29,6 +29,8 @@ def _opcheck_and_bad_inputs(rank, world):
             for plan in ("allgather", "bf16"):
                 torch.library.opcheck(ops.select_owner, (s, i, k, g, with_scores, plan))
             checked.append((with_scores, k))
+    for table in (([1], "replicated"), ([1, 4], "owner/bf16,owner/allgather")):
+        torch.library.opcheck(ops.select_by_rows, (s, i, 2, g, True, *table))
     for plan in ("allgather", "bf16"):
         local = torch.tensor([[0, -1, 2 ** 31 - 1, -(2 ** 31)], [7, 8, 9, 10]], dtype=torch.int32)
         torch.library.opcheck(ops.replicate_ids, (local, 2, g, plan))
@@ -53,6 +55,8 @@ def _opcheck_and_bad_inputs(rank, world):
                 a["scores"], a["ids"], a["k"], a["group_name"], True)),
             ("select_owner", lambda a: ops.select_owner(
                 a["scores"], a["ids"], a["k"], a["group_name"], False, "bf16")),
+            ("select_by_rows", lambda a: ops.select_by_rows(
+                a["scores"], a["ids"], a["k"], a["group_name"], True, [2, 8], "owner/bf16,replicated")),
         ):
             try:
                 call(a)
@@ -65,6 +69,10 @@ def _opcheck_and_bad_inputs(rank, world):
         "replicate rows": lambda: ops.replicate_ids(i[:2], 3, g, "allgather"),
         "replicate dtype": lambda: ops.replicate_ids(s, 3, g, "bf16"),
         "replicate plan": lambda: ops.replicate_ids(i, 3, g, "int8"),
+        "table unsorted": lambda: ops.select_by_rows(s, i, 2, g, False, [8, 2], "replicated,replicated"),
+        "table lengths": lambda: ops.select_by_rows(s, i, 2, g, False, [2, 8], "replicated"),
+        "table name": lambda: ops.select_by_rows(s, i, 2, g, False, [2], "owner/fp8"),
+        "table kernel": lambda: ops.select_by_rows(s, i, 2, g, False, [2], "replicated", "fast"),
     }.items():
         try:
             call()
@@ -88,6 +96,10 @@ def test_opcheck_and_validation():
     assert "local has 2 rows, expected ceil(q/W) = 3" in extra["replicate rows"]
     assert "local must be a 2-D int32" in extra["replicate dtype"]
     assert "plan='int8'" in extra["replicate plan"]
+    assert "rows must be ascending distinct positive ints, got [8, 2]" in extra["table unsorted"]
+    assert "must be non-empty and of one length, got 2 and 1" in extra["table lengths"]
+    assert "compositions ['owner/fp8']" in extra["table name"]
+    assert "kernel='fast'" in extra["table kernel"]
 
 
 def test_fake_impls_without_a_group():
@@ -104,6 +116,8 @@ def test_fake_impls_without_a_group():
         assert ids.shape == (7, 40) and sc.shape == (7, 0) and sc.dtype == torch.float32
         ids, sc = ops.select_replicated(s, i, 3, "fake", True)
         assert ids.shape == (7, 3) and sc.dtype == torch.float32
+        ids, sc = ops.select_by_rows(s, i, 5, "fake", False, [1, 8], "replicated,owner/bf16")
+        assert ids.shape == (7, 5) and sc.shape == (7, 0)
         r = ops.replicate_ids(torch.empty(2, 9, dtype=torch.int32), 7, "fake", "bf16")
         assert r.shape == (7, 9) and r.dtype == torch.int32
         with pytest.raises(ValueError, match="scores must be float32"):

@@ -76,7 +76,11 @@ def cases(world: int):
     return out
 
 
-COMPOSITIONS = [("replicated", None), ("owner", "allgather"), ("owner", "bf16"), ("select", None)]
+COMPOSITIONS = [("replicated", None), ("owner", "allgather"), ("owner", "bf16"), ("select", None),
+                ("by_rows", None)]
+# select_by_rows' table in these tests: Q = 1 owner/bf16, 2 replicated, 3-4 owner/allgather, and
+# owner/allgather beyond (the cases' Q of 1, W - 1, W + 1, 2W + 1 and 3W reach every entry)
+BY_ROWS = ([1, 2, 4], "owner/bf16,replicated,owner/allgather")
 
 
 def call_composition(comp, plan, s, i, k, g, with_scores):
@@ -86,6 +90,8 @@ def call_composition(comp, plan, s, i, k, g, with_scores):
         return ops.select_replicated(s, i, k, g, with_scores)
     if comp == "owner":
         return ops.select_owner(s, i, k, g, with_scores, plan)
+    if comp == "by_rows":
+        return ops.select_by_rows(s, i, k, g, with_scores, *BY_ROWS)
     return ops.select(s, i, k, g, with_scores)
 
 
@@ -141,12 +147,13 @@ def _run_all(rank, world):
             b = ops.select_owner(s, i, k, g, True, "bf16")
             c_ = ops.select_owner(s, i, k, g, False, "allgather")
             d = select_topk(s, i, k)  # group=None resolved while tracing
-            return a, b, c_, d
+            e = ops.select_by_rows(s, i, k, g, True, *BY_ROWS)
+            return a, b, c_, d, e
         torch._dynamo.reset()
-        a, b, c_, d = torch.compile(fn, fullgraph=True, backend=backend)(s, i)
+        a, b, c_, d, e = torch.compile(fn, fullgraph=True, backend=backend)(s, i)
         ea = ops.select_replicated(s, i, k, g, True)
         comp_ok[backend] = (torch.equal(a[0], ea[0]) and torch.equal(b[0], ea[0])
-                            and torch.equal(c_[0], ea[0]) and torch.equal(d, ea[0])
+                            and torch.equal(c_[0], ea[0]) and torch.equal(d, ea[0]) and torch.equal(e[0], ea[0])
                             and torch.equal(a[1].view(torch.int32), ea[1].view(torch.int32)))
     results["compile"] = comp_ok
 
