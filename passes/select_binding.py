@@ -59,8 +59,9 @@ def _dims(node: Any) -> tuple[Any, ...] | None:
 
 
 def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settings,
-                      graph_id: str = "", recompile: bool = True) -> list[race.Decision]:
-    """Bind every selection site in ``gm`` (edited in place); the decisions made.
+                      graph_id: str = "") -> list[race.Decision]:
+    """Bind every selection site in ``gm`` (edited in place, its code regenerated where a site
+    was bound); the decisions made.
 
     Sites with the same (Q, C, k, group, with_scores) -- one per layer in a model --
     share one decision: ``race.decide`` (cache lookup, hit agreement collective,
@@ -68,8 +69,7 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
     every rank makes the same collectives.  A site whose row count is symbolic gets a
     table: one decision at each row count of ``TPFLARE_SELECT_ROWS``, bound as
     ``tpflare::select_by_rows``; its candidates a rank, if symbolic, are specialised to
-    the example's (a shape guard: a graph for other C recompiles). ``recompile=False``
-    leaves regenerating ``gm``'s code to the caller (needed wherever a site was found).
+    the example's (a shape guard: a graph for other C recompiles).
     """
     decisions: list[race.Decision] = []
     decided: dict[tuple, tuple[str, Any]] = {}  # site signature -> (first site, its decision or table)
@@ -108,7 +108,7 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
             decided[sig] = (site, d)
             decisions.append(d)
         _put(node, d.composition, with_scores)
-    if changed and recompile:
+    if changed:
         gm.recompile()
     return decisions
 

@@ -91,7 +91,7 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], *, config_patc
     graph_id = f"g{next(_graph_counter)}"
     work = _copy_graph_module(gm)
     inputs = list(example_inputs)
-    select_binding.bind_select_sites(work, inputs, settings, graph_id=graph_id)  # (recompiles where it bound)
+    select_binding.bind_select_sites(work, inputs, settings, graph_id=graph_id)
     latent = LatentGatherCompiler(settings, work, inputs, graph_id, inner=inner_compile)
     import torch._inductor.config as inductor_config
 
