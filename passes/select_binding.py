@@ -25,6 +25,7 @@ from torch import fx
 from tpflare import race, reporting
 from tpflare.config import Settings
 from tpflare.distributed import device_of_backend
+from tpflare.errors import NoValidComposition
 
 log = logging.getLogger("tpflare.passes.select_binding")
 
@@ -163,15 +164,25 @@ def _bind_symbolic(node: fx.Node, site: str, q: Any, c: Any, k: int, group_name:
         fresh: list[race.Decision] = []
         why = f"same (C, k, group, with_scores) as {first}: its table"
     else:
-        table = [race.decide(r, c, k, group_name, with_scores, device, settings, site=f"{site}@rows={r}")
-                 for r in rows]
+        table, dropped = {}, {}
+        for r in rows:
+            try:
+                table[r] = race.decide(r, c, k, group_name, with_scores, device, settings, site=f"{site}@rows={r}")
+            except NoValidComposition as e:  # agreed on every rank: a row count the table goes without
+                dropped[r] = str(e)[:300]  # (a timeout or another rank's failure still fails the compile)
         decided[sig] = (site, table)
-        fresh = table
+        fresh = list(table.values())
         why = f"symbolic row count: a decision at each of TPFLARE_SELECT_ROWS={','.join(map(str, rows))}"
-    names = [d.composition.name for d in table]
+        if dropped:
+            why += f"; dropped (no composition valid there, on every rank): {dropped}"
+    if not table:
+        _bind(node, race.compositions(settings, kernel)[0], with_scores, site, "default",
+              f"{why}: no row count left, default composition", **shape)
+        return fresh
+    names = [d.composition.name for d in table.values()]
     reporting.record("select", "bound", site=site, composition="by rows", source="table", reason=why,
-                     table=dict(zip(rows, names)), sources=[d.source for d in table], **shape)
+                     table=dict(zip(table, names)), sources=[d.source for d in table.values()], **shape)
     node.target = torch.ops.tpflare.select_by_rows.default
-    node.args = tuple(node.args[:4]) + (with_scores, list(rows), ",".join(names), kernel)
+    node.args = tuple(node.args[:4]) + (with_scores, list(table), ",".join(names), kernel)
     node.kwargs = {}
     return fresh

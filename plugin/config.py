@@ -170,8 +170,11 @@ KNOBS: tuple[Knob, ...] = (
          "Dynamo's automatic dynamic shapes from a frame's second shape) is raced at preparation; "
          "the bound op (tpflare::select_by_rows) runs, per call, the winner at the smallest listed "
          "count >= its rows (the largest's beyond them); the site's candidates a rank and k, if "
-         "symbolic, are specialised (shape guards: other values recompile). Empty = no race there: "
-         "the default composition (replicated). A site of static shape races its own row count."),
+         "symbolic, are specialised (shape guards: other values recompile). Each listed count is "
+         "raced at preparation (its buffers: about rows x W x C x 8 bytes a rank at the largest), so "
+         "a server short of memory lists its own capacities; a count where no composition passes "
+         "validation on any rank is dropped from the table. Empty = no race there: the default composition (replicated). "
+         "A site of static shape races its own row count."),
     Knob("race_warmup", _parse_int, 3, "Race: untimed warm-up runs per composition.", minimum=0),
     Knob("race_iters", _parse_int, 10, "Race: timed runs per composition (median taken).",
          minimum=1),

@@ -16,5 +16,10 @@ class PreparationError(TpflareError):
     """A preparation-time step failed (on this rank or another), or timed out."""
 
 
+class NoValidComposition(PreparationError):
+    """Every composition of a selection race failed its holdout validation (an agreed result:
+    raised on every rank of the group at the same step)."""
+
+
 class StaleWeightError(TpflareError):
     """A weight a rewrite depends on was changed in place after compile."""

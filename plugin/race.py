@@ -221,9 +221,9 @@ def run_race(q: int, c: int, k: int, group_name: str, with_scores: bool, device:
                                 or f"failed on ranks {validation[cm.name]['failed_ranks']}"}
     ok = [n for n in medians]
     if not ok:
-        from .errors import PreparationError
+        from .errors import NoValidComposition
 
-        raise PreparationError(f"tpflare race: no composition passed holdout validation: {validation}")
+        raise NoValidComposition(f"tpflare race: no composition passed holdout validation: {validation}")
     best = min(ok, key=lambda n: (timings[n]["max_rank_ms"], n))
     why = (f"fastest valid ({timings[best]['max_rank_ms']:.4f} ms, slowest rank's median, "
            f"{timings[best]['timing']} timing)")

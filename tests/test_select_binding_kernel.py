@@ -165,3 +165,47 @@ def test_symbolic_rows_forced_or_without_row_counts(fake_cuda_group, monkeypatch
     assert node.args[4:] == (True,) + tail and target in gm.code
     warned = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == (0 if "TPFLARE_SELECT" in knobs else 1)
+
+
+@pytest.mark.parametrize("failing", [{64}, {1, 4, 64}], ids=["one_row_count", "every_row_count"])
+def test_a_row_count_whose_preparation_fails_is_dropped_from_the_table(fake_cuda_group, monkeypatch, failing):
+    """A race whose every composition failed validation on every rank (NoValidComposition, an
+    agreed result: e.g. out of memory at that row count in every composition) costs the table that
+    row count, not the compile; with none left the site runs the default composition. Any other
+    preparation failure (a timeout: another rank may be gone) still fails the compile."""
+    from tpflare.errors import NoValidComposition
+
+    calls = []
+    decide = _fake_decide(calls)
+
+    def flaky(q, *args, **kw):
+        if q in failing:
+            raise NoValidComposition(f"tpflare race: no composition passed holdout validation at {q} rows")
+        return decide(q, *args, **kw)
+
+    monkeypatch.setattr(race, "decide", flaky)
+    monkeypatch.setattr(select_binding, "_warned_symbolic", True)
+    tpflare.reporting.clear()
+    gm = _graph(8, 64, 16, symbolic_rows=True)
+    select_binding.bind_select_sites(gm, [], tpflare.config.resolve({"TPFLARE_SELECT_ROWS": "1,4,64"}), graph_id="g")
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and "tpflare" in str(n.target)]
+    (rec,) = [r for r in tpflare.reporting.records("select") if r["site"] == f"g:{node.name}"]
+    assert "dropped" in rec["reason"] and "64" in rec["reason"]
+    if failing == {64}:
+        assert node.target == torch.ops.tpflare.select_by_rows.default
+        assert node.args[5:7] == ([1, 4], "owner/bf16,owner/bf16") and "select_by_rows" in gm.code
+        assert rec["table"] == {1: "owner/bf16", 4: "owner/bf16"}
+    else:
+        assert node.target == torch.ops.tpflare.select_replicated.default and rec["source"] == "default"
+
+
+def test_a_row_count_that_times_out_fails_the_compile(fake_cuda_group, monkeypatch):
+    from tpflare.errors import PreparationError
+
+    def timeout(q, *args, **kw):
+        raise PreparationError("tpflare: 'race timings' timed out after 300s (another rank may be gone)")
+
+    monkeypatch.setattr(race, "decide", timeout)
+    gm = _graph(8, 64, 16, symbolic_rows=True)
+    with pytest.raises(PreparationError, match="timed out"):
+        select_binding.bind_select_sites(gm, [], tpflare.config.resolve({"TPFLARE_SELECT_ROWS": "1,4"}), graph_id="g")
