@@ -56,6 +56,8 @@ def _child(fn, rank, world, args, init_file, backend, env, q) -> None:
 
 # Environment variables that ``import torch`` may read (TORCH_LOGS, TORCH_TRACE, OpenMP, CUDA,
 # the loader): a rank forked from the server sees torch as imported under the server's values.
+# Only the caller's own environment counts: ``env`` / ``rank_env`` are applied in the rank after
+# torch is imported, with spawn as well (unpickling the rank's function imports tpflare, torch).
 _IMPORT_ENV = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "GOMP_", "CUDA", "LD_", "PYTHON")
 _server_env: dict[str, str] | None = None
 
