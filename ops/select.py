@@ -44,6 +44,7 @@ or read garbage, so preparation code should call ``validate_candidates`` once.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Optional
 
@@ -291,6 +292,12 @@ def _check_table(rows: list[int], compositions: str, op: str) -> list[str]:
     return names
 
 
+@functools.lru_cache(maxsize=64)
+def _table_names(rows: tuple[int, ...], compositions: str) -> tuple[str, ...]:
+    # a table checked once, not at every call of the op (its arguments are the graph's constants)
+    return tuple(_check_table(list(rows), compositions, "select_by_rows"))
+
+
 def pick_by_rows(q: int, rows: list[int], names: list[str]) -> str:
     """The composition a call of ``q`` rows runs: the one listed for the smallest row count
     ``>= q``, or for the largest where ``q`` is beyond them all."""
@@ -306,7 +313,7 @@ def select_by_rows(scores: Tensor, ids: Tensor, k: int, group_name: str, with_sc
     """A composition chosen by the call's row count from a table decided at preparation
     (``rows`` ascending; ``compositions``, comma-separated, the one raced at each: ``pick_by_rows``)."""
     op = "select_by_rows"
-    name = pick_by_rows(scores.shape[0], rows, _check_table(rows, compositions, op))
+    name = pick_by_rows(scores.shape[0], rows, _table_names(tuple(rows), compositions))
     if name == "replicated":
         return _replicated(scores, ids, k, group_name, with_scores, op, select_kernel)
     return _owner(scores, ids, k, group_name, with_scores, name.split("/", 1)[1], select_kernel, op)

@@ -54,9 +54,17 @@ def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
     return node.kwargs.get(name, default)
 
 
+def _meta_value(node: fx.Node) -> Any:
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
 def _dims(node: Any) -> tuple[Any, ...] | None:
-    val = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
+    val = _meta_value(node) if isinstance(node, fx.Node) else None
     return None if val is None else tuple(val.shape)
+
+
+def _default(settings: Settings, kernel: str) -> race.Composition:
+    return next(cm for cm in race.compositions(settings, kernel) if cm.name == race.DEFAULT)
 
 
 def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settings,
@@ -85,7 +93,7 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
         dims = _dims(scores)
         k = _value(k)
         if dims is None or len(dims) != 2 or k is None or not isinstance(group_name, str):
-            _bind(node, race.compositions(settings, settings.select_kernel)[0], with_scores, site, "default",
+            _bind(node, _default(settings, settings.select_kernel), with_scores, site, "default",
                   "shape not known here, or non-constant k/group: default composition, no race",
                   kernel=settings.select_kernel)
             continue
@@ -108,7 +116,7 @@ def bind_select_sites(gm: fx.GraphModule, example_inputs: list, settings: Settin
             d = race.decide(q, c, k, group_name, with_scores, device_of_backend(group_name), settings, site=site)
             decided[sig] = (site, d)
             decisions.append(d)
-        _put(node, d.composition, with_scores)
+        _put(node, d.composition.op, with_scores, d.composition.extra_args)
     if changed:
         gm.recompile()
     return decisions
@@ -118,13 +126,14 @@ def _value(v: Any) -> Any:
     """An int argument's value here: an int, a SymInt (a graph input under dynamic shapes), or
     None where unknown."""
     if isinstance(v, fx.Node):
-        v = v.meta.get("example_value", v.meta.get("val"))
+        v = _meta_value(v)
     return v if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) else None
 
 
-def _put(node: fx.Node, comp: race.Composition, with_scores: bool) -> None:
-    node.target = getattr(torch.ops.tpflare, comp.op).default
-    node.args = tuple(node.args[:4]) + (with_scores,) + tuple(comp.extra_args)
+def _put(node: fx.Node, op: str, with_scores: bool, extra_args: tuple) -> None:
+    """The node calls ``tpflare::<op>`` with its leading arguments, then ``extra_args``."""
+    node.target = getattr(torch.ops.tpflare, op).default
+    node.args = tuple(node.args[:4]) + (with_scores,) + tuple(extra_args)
     node.kwargs = {}
 
 
@@ -134,7 +143,7 @@ def _bind(node: fx.Node, comp: race.Composition, with_scores: bool, site: str, s
     reporting.record("select", "bound", site=site, composition=comp.name, source=source, reason=why, **fields)
     if source == "default":
         _warn_symbolic(site)
-    _put(node, comp, with_scores)
+    _put(node, comp.op, with_scores, comp.extra_args)
 
 
 def _bind_symbolic(node: fx.Node, site: str, q: Any, c: Any, k: int, group_name: str, with_scores: bool,
@@ -155,7 +164,7 @@ def _bind_symbolic(node: fx.Node, site: str, q: Any, c: Any, k: int, group_name:
         return []
     rows = tuple(settings.select_rows)
     if not rows:
-        _bind(node, race.compositions(settings, kernel)[0], with_scores, site, "default",
+        _bind(node, _default(settings, kernel), with_scores, site, "default",
               "symbolic row count and TPFLARE_SELECT_ROWS empty: default composition, no race", **shape)
         return []
     sig = ("rows", rows, c, k, group_name, with_scores)
@@ -176,13 +185,11 @@ def _bind_symbolic(node: fx.Node, site: str, q: Any, c: Any, k: int, group_name:
         if dropped:
             why += f"; dropped (no composition valid there, on every rank): {dropped}"
     if not table:
-        _bind(node, race.compositions(settings, kernel)[0], with_scores, site, "default",
+        _bind(node, _default(settings, kernel), with_scores, site, "default",
               f"{why}: no row count left, default composition", **shape)
         return fresh
     names = [d.composition.name for d in table.values()]
     reporting.record("select", "bound", site=site, composition="by rows", source="table", reason=why,
                      table=dict(zip(table, names)), sources=[d.source for d in table.values()], **shape)
-    node.target = torch.ops.tpflare.select_by_rows.default
-    node.args = tuple(node.args[:4]) + (with_scores, list(table), ",".join(names), kernel)
-    node.kwargs = {}
+    _put(node, "select_by_rows", with_scores, (list(table), ",".join(names), kernel))
     return fresh
