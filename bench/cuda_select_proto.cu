@@ -1,0 +1,254 @@
+// A prototype, for measurement only (bench/cuda_select_proto.py): the exact ordered top-k of
+// each row (DESIGN.md's Order rule) as one CUDA thread block a row, compiled at run time by
+// NVRTC. Not shipped: it answers whether a kernel that controls shared memory (histograms by
+// shared atomics, a sort of the winners in shared memory) beats the Triton register tile.
+//
+// Order: score key descending (IEEE bit order: +0 before -0; NaN below -inf), then id
+// ascending, then position ascending. Invalid candidates (id < 0) never win; slots past the
+// winners are pads (id -1, score -inf).
+//
+// A row of at most THREADS x ITEMS candidates stays in registers (candidate t * THREADS + tid
+// in thread tid's slot t). The k-th key is found by radix select, 8-bit digits, histograms by
+// warp-aggregated shared atomics: on the score key (4 passes at most), then, where candidates
+// tie at it, on the inverted id among them, then on the inverted position. The winners go to
+// shared memory (one ballot and one atomic a warp and slot) and a bitonic sort orders them.
+
+#ifndef THREADS
+#define THREADS 1024
+#endif
+#ifndef ITEMS
+#define ITEMS 16
+#endif
+#define KMAX 2048
+#define FULL 0xffffffffu
+
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct Smem {
+  int hist[256];
+  i64 wkey[KMAX];
+  int wpos[KMAX];
+  int bin, above, eq, nvalid, wcount;
+};
+
+// the unsigned order key of a score: larger comes first; invalid 0, NaN 1, -inf 0x007fffff
+__device__ __forceinline__ u32 order_key(int bits, int id) {
+  int s = bits >= 0 ? bits : (bits ^ 0x7FFFFFFF);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) s = (int)0x80000001;
+  if (id < 0) s = (int)0x80000000;
+  return (u32)s ^ 0x80000000u;
+}
+
+// The need-th largest key among the candidates in play (play: a bit a slot; 1 <= need <= their
+// count). Stops at the first digit whose bin holds exactly the candidates still wanted.
+// Returns: T (the key's bits from shift sh up), sh, above (in play with key >> sh > T >> sh),
+// eq (in play with key >> sh == T >> sh); eq == need - above unless sh == 0 and keys tie.
+__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, int need, Smem& sm,
+                                             u32& T, int& sh, int& above, int& eq) {
+  const int lane = threadIdx.x & 31;
+  u32 prefix = 0;
+  above = 0;
+  eq = 0;
+  sh = 0;
+  for (int s = 24; s >= 0; s -= 8) {
+    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < ITEMS; ++t) {
+      bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));
+      int b = in ? (int)((key[t] >> s) & 255u) : 256;
+#ifdef NOMATCH  // (a variant: one shared atomic a candidate)
+      if (in) atomicAdd(&sm.hist[b], 1);
+#else
+      u32 peers = __match_any_sync(FULL, b);
+      if (in && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[b], __popc(peers));
+#endif
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // the bin of the (need - above)-th largest: lane l holds bins 255 - 8l - j
+      int c[8];
+      int tot = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        c[j] = sm.hist[255 - 8 * lane - j];
+        tot += c[j];
+      }
+      int incl = tot;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(FULL, incl, o);
+        if (lane >= o) incl += y;
+      }
+      int rem = need - above;
+      int acc = incl - tot;
+      if (acc < rem && rem <= incl) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (acc < rem && rem <= acc + c[j]) {
+            sm.bin = 255 - 8 * lane - j;
+            sm.above = acc;
+            sm.eq = c[j];
+          }
+          acc += c[j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= (u32)sm.bin << s;
+    above += sm.above;
+    eq = sm.eq;
+    sh = s;
+    if (eq == need - above) break;  // the whole bin is wanted
+  }
+  T = prefix;
+}
+
+// candidate slot t of this thread against a select's result: 1 above, 0 at, -1 below
+__device__ __forceinline__ int cmp_at(u32 key, u32 T, int sh) {
+  u32 a = key >> sh, b = T >> sh;
+  return a > b ? 1 : (a == b ? 0 : -1);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* __restrict__ out_ids,
+            float* __restrict__ out_sc, int N, int K, int s_sq, int s_iq, int s_oi, int s_os) {
+  __shared__ Smem sm;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const i64 row = blockIdx.x;
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+
+  u32 u[ITEMS];
+  int id[ITEMS];
+  u32 valid = 0;
+  int nv = 0;
+#pragma unroll
+  for (int t = 0; t < ITEMS; ++t) {
+    int p = t * THREADS + tid;
+    int b = p < N ? __ldg(srow + p) : 0;
+    id[t] = p < N ? __ldg(irow + p) : -1;
+    u[t] = order_key(b, id[t]);
+    if (id[t] >= 0) {
+      valid |= 1u << t;
+      ++nv;
+    }
+  }
+  if (tid == 0) {
+    sm.nvalid = 0;
+    sm.wcount = 0;
+  }
+  __syncthreads();
+  nv = __reduce_add_sync(FULL, nv);
+  if (lane == 0 && nv) atomicAdd(&sm.nvalid, nv);
+  __syncthreads();
+  const int nvalid = sm.nvalid;
+  const int nsel = min(K, nvalid);
+
+  // the winners: level 1 by score key; where candidates tie at the cutoff key, level 2 by
+  // inverted id among them; where ids tie too, level 3 by inverted position
+  u32 T1 = 0, T2 = 0, T3 = 0;
+  int sh1 = 0, sh2 = 0, sh3 = 0, ab, eq;
+  int lvl = 0;  // 0: every valid candidate wins; else the levels run
+  if (nsel > 0 && nsel < nvalid) {
+    lvl = 1;
+    radix_select(u, valid, nsel, sm, T1, sh1, ab, eq);
+    int rem = nsel - ab;
+    if (eq > rem) {  // a tie at the exact score key T1 (sh1 == 0)
+      lvl = 2;
+      u32 v[ITEMS];
+      u32 play = 0;
+#pragma unroll
+      for (int t = 0; t < ITEMS; ++t) {
+        v[t] = 0x7FFFFFFFu - (u32)id[t];
+        if (((valid >> t) & 1u) && u[t] == T1) play |= 1u << t;
+      }
+      radix_select(v, play, rem, sm, T2, sh2, ab, eq);
+      rem -= ab;
+      if (eq > rem) {  // duplicate ids at T1: by position
+        lvl = 3;
+        u32 w[ITEMS];
+        u32 play3 = 0;
+#pragma unroll
+        for (int t = 0; t < ITEMS; ++t) {
+          w[t] = ~(u32)(t * THREADS + tid);
+          if (((play >> t) & 1u) && v[t] == T2) play3 |= 1u << t;
+        }
+        radix_select(w, play3, rem, sm, T3, sh3, ab, eq);
+      }
+    }
+  }
+
+  // the winners to shared memory: packed key (score key above inverted id), position
+#pragma unroll
+  for (int t = 0; t < ITEMS; ++t) {
+    bool win = (valid >> t) & 1u;
+    if (lvl >= 1 && win) {
+      int c1 = cmp_at(u[t], T1, sh1);
+      win = c1 > 0;
+      if (c1 == 0) {
+        if (lvl == 1) {
+          win = true;
+        } else {
+          u32 vt = 0x7FFFFFFFu - (u32)id[t];
+          int c2 = cmp_at(vt, T2, sh2);
+          win = c2 > 0 || (c2 == 0 && (lvl == 2 || cmp_at(~(u32)(t * THREADS + tid), T3, sh3) >= 0));
+        }
+      }
+    }
+    u32 bal = __ballot_sync(FULL, win);
+    int base = 0;
+    if (lane == 0 && bal) base = atomicAdd(&sm.wcount, __popc(bal));
+    base = __shfl_sync(FULL, base, 0);
+    if (win) {
+      int slot = base + __popc(bal & ((1u << lane) - 1u));
+      sm.wkey[slot] = ((i64)u[t] << 31) | (i64)(0x7FFFFFFFu - (u32)id[t]);
+      sm.wpos[slot] = t * THREADS + tid;
+    }
+  }
+  __syncthreads();
+
+  // bitonic sort of the winners: key descending, then position ascending
+  int S = 1;
+  while (S < nsel) S <<= 1;
+  for (int i = nsel + tid; i < S; i += THREADS) {
+    sm.wkey[i] = -1;
+    sm.wpos[i] = 0x7FFFFFFF;
+  }
+  __syncthreads();
+#ifdef NOSORT  // (a variant for timing only: the winners unordered)
+  S = 1;
+#endif
+  for (int size = 2; size <= S; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = tid; i < (S >> 1); i += THREADS) {
+        int lo = 2 * i - (i & (stride - 1));
+        int hi = lo + stride;
+        i64 ka = sm.wkey[lo], kb = sm.wkey[hi];
+        int pa = sm.wpos[lo], pb = sm.wpos[hi];
+        bool b_first = kb > ka || (kb == ka && pb < pa);
+        if (b_first == ((lo & size) == 0)) {
+          sm.wkey[lo] = kb;
+          sm.wkey[hi] = ka;
+          sm.wpos[lo] = pb;
+          sm.wpos[hi] = pa;
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  int* orow = out_ids + row * s_oi;
+  int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os;
+  for (int r = tid; r < K; r += THREADS) {
+    int oid = -1, bits = (int)0xFF800000;
+    if (r < nsel) {
+      oid = 0x7FFFFFFF - (int)(sm.wkey[r] & 0x7FFFFFFF);
+      bits = __ldg(srow + sm.wpos[r]);
+    }
+    orow[r] = oid;
+    osrow[r] = bits;
+  }
+}
