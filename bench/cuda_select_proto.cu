@@ -11,7 +11,15 @@
 // in thread tid's slot t). The k-th key is found by radix select, 8-bit digits, histograms by
 // warp-aggregated shared atomics: on the score key (4 passes at most), then, where candidates
 // tie at it, on the inverted id among them, then on the inverted position. The winners go to
-// shared memory (one ballot and one atomic a warp and slot) and a bitonic sort orders them.
+// shared memory (one ballot and one atomic a warp and slot). The ordering (session 22's second
+// version): the winners' packed keys fall in two parts, the tie at the smallest score key and
+// the rest, each with buckets in proportion to its winners; a shift maps (the part's largest
+// key - key) to one of its buckets (radix.part_counts' idea in two parts, not three),
+// one shared atomic a winner gives its slot in its bucket, a scan the buckets' offsets, and a
+// winner's rank in its bucket counts the members before it (a larger key, or an equal key at an
+// earlier position). Flags of variants: MATCH (the histograms' atomics aggregated a warp by
+// __match_any_sync, the first version's), BITONIC (a bitonic sort in shared memory instead, the
+// first version's), NOSORT (the winners unordered: for timing only).
 
 #ifndef THREADS
 #define THREADS 1024
@@ -20,6 +28,8 @@
 #define ITEMS 16
 #endif
 #define KMAX 2048
+#define NB 2048  // buckets of the ordering
+#define WPER ((KMAX + THREADS - 1) / THREADS)  // winners a thread at most
 #define FULL 0xffffffffu
 
 typedef unsigned int u32;
@@ -30,8 +40,15 @@ struct Smem {
   int hist[256];
   i64 wkey[KMAX];
   int wpos[KMAX];
-  int bin, above, eq, nvalid, wcount;
+  int off[NB];   // the ordering's bucket sizes, then their offsets
+  int mem[KMAX];  // the members in bucket order, then the winners in output order
+  int wtot[32];
+  u64 lo, hi, ph[3], pl[3];
+  int pc[3], big, bin, above, eq, nvalid, wcount;
 };
+// dynamic shared memory (DYN_BYTES): the second level's key ranges (max, min) at each bucket's
+// output offset, and its sub-bucket sizes, then offsets
+#define DYN_BYTES (KMAX * 8 * 2 + KMAX * 4)
 
 // the unsigned order key of a score: larger comes first; invalid 0, NaN 1, -inf 0x007fffff
 __device__ __forceinline__ u32 order_key(int bits, int id) {
@@ -59,11 +76,11 @@ __device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, 
     for (int t = 0; t < ITEMS; ++t) {
       bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));
       int b = in ? (int)((key[t] >> s) & 255u) : 256;
-#ifdef NOMATCH  // (a variant: one shared atomic a candidate)
-      if (in) atomicAdd(&sm.hist[b], 1);
-#else
+#ifdef MATCH  // (the first version: aggregated a warp)
       u32 peers = __match_any_sync(FULL, b);
       if (in && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[b], __popc(peers));
+#else
+      if (in) atomicAdd(&sm.hist[b], 1);
 #endif
     }
     __syncthreads();
@@ -111,10 +128,190 @@ __device__ __forceinline__ int cmp_at(u32 key, u32 T, int sh) {
   return a > b ? 1 : (a == b ? 0 : -1);
 }
 
+__device__ __forceinline__ int bitlen(u64 x) { return x ? 64 - __clzll((i64)x) : 0; }
+
+// exclusive scan of a[0 .. 2048) in place; returns the largest element
+__device__ int scan2048(int* a, Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int E = 2048 / THREADS;
+  int c[E];
+  int tsum = 0, mx = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    c[e] = a[tid * E + e];
+    tsum += c[e];
+    mx = max(mx, c[e]);
+  }
+  int incl = tsum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  mx = __reduce_max_sync(FULL, mx);
+  if (lane == 31) sm.wtot[tid >> 5] = incl;
+  if (lane == 0) atomicMax(&sm.big, mx);
+  __syncthreads();
+  if (tid < 32) {
+    int wt = tid < THREADS / 32 ? sm.wtot[tid] : 0;
+    int wi = wt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(FULL, wi, o);
+      if (lane >= o) wi += y;
+    }
+    if (tid < THREADS / 32) sm.wtot[tid] = wi - wt;
+  }
+  __syncthreads();
+  int base = sm.wtot[tid >> 5] + incl - tsum;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    a[tid * E + e] = base;
+    base += c[e];
+  }
+  int big = sm.big;
+  __syncthreads();
+  if (tid == 0) sm.big = 0;
+  return big;
+}
+
+#define SPLIT 16  // a bucket of more winners than this: the second level
+// The nsel winners (sm.wkey, sm.wpos) in output order to sm.mem. First level: three parts
+// (positive score keys, negative ones, the tie at the smallest score key), each mapped over its
+// own key range into buckets in proportion to its winners (radix.part_counts' design); where a
+// bucket still holds more than SPLIT, every bucket splits again over its own key range into as
+// many sub-buckets as it holds (radix.split_buckets'); a winner's rank in its (sub-)bucket
+// counts the members before it.
+__device__ void order_winners(Smem& sm, u64* dyn, int nsel) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  u64 mn = ~0ull, mx = 0;
+  for (int i = tid; i < nsel; i += THREADS) {
+    u64 kk = (u64)sm.wkey[i];
+    mn = min(mn, kk);
+    mx = max(mx, kk);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    mn = min(mn, __shfl_xor_sync(FULL, mn, o));
+    mx = max(mx, __shfl_xor_sync(FULL, mx, o));
+  }
+  if (lane == 0) {
+    atomicMin(&sm.lo, mn);
+    atomicMax(&sm.hi, mx);
+  }
+  __syncthreads();
+  const u64 ut = sm.lo >> 31;  // the smallest score key among the winners (as in the packed key)
+  int part[WPER];
+#pragma unroll
+  for (int w = 0; w < WPER; ++w) {
+    int i = w * THREADS + tid;
+    part[w] = -1;
+    if (i < nsel) {
+      u64 kk = (u64)sm.wkey[i];
+      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);  // (score key's top bit: a positive score)
+      atomicMax(&sm.ph[part[w]], kk);
+      atomicMin(&sm.pl[part[w]], kk);
+      atomicAdd(&sm.pc[part[w]], 1);
+    }
+  }
+  __syncthreads();
+  int nb[3], base[3], shp[3];
+  nb[0] = sm.pc[0] ? max(1, (int)(((i64)NB * sm.pc[0]) / nsel)) : 0;
+  nb[1] = sm.pc[1] ? max(1, (int)(((i64)NB * sm.pc[1]) / nsel)) : 0;
+  nb[2] = NB - nb[0] - nb[1];  // (>= 1: the tie holds the smallest key)
+  base[0] = 0;
+  base[1] = nb[0];
+  base[2] = nb[0] + nb[1];
+#pragma unroll
+  for (int p = 0; p < 3; ++p) shp[p] = nb[p] ? bitlen((sm.ph[p] - sm.pl[p]) / (u64)nb[p]) : 0;
+  int bk[WPER], slot[WPER];
+#pragma unroll
+  for (int w = 0; w < WPER; ++w) {
+    int i = w * THREADS + tid;
+    if (i < nsel) {
+      int p = part[w];
+      bk[w] = base[p] + (int)((sm.ph[p] - (u64)sm.wkey[i]) >> shp[p]);
+      slot[w] = atomicAdd(&sm.off[bk[w]], 1);
+    }
+  }
+  __syncthreads();
+  int big = scan2048(sm.off, sm);  // offsets; sizes: the next offset less this one
+  int* offs = sm.off;
+  if (big > SPLIT) {  // the second level, over each bucket's own key range
+    u64* yh = dyn;
+    u64* yl = dyn + KMAX;
+    int* c2 = reinterpret_cast<int*>(dyn + 2 * KMAX);
+    for (int t = tid; t < KMAX; t += THREADS) {
+      yh[t] = 0;
+      yl[t] = ~0ull;
+      c2[t] = 0;
+    }
+    __syncthreads();
+    int o[WPER], cb[WPER];
+#pragma unroll
+    for (int w = 0; w < WPER; ++w) {
+      int i = w * THREADS + tid;
+      if (i < nsel) {
+        o[w] = sm.off[bk[w]];
+        cb[w] = (bk[w] + 1 < NB ? sm.off[bk[w] + 1] : nsel) - o[w];
+        u64 kk = (u64)sm.wkey[i];
+        atomicMax(&yh[o[w]], kk);
+        atomicMin(&yl[o[w]], kk);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < WPER; ++w) {
+      int i = w * THREADS + tid;
+      if (i < nsel) {
+        u64 h = yh[o[w]];
+        int sh2 = bitlen((h - yl[o[w]]) / (u64)cb[w]);
+        bk[w] = o[w] + (int)((h - (u64)sm.wkey[i]) >> sh2);  // < o + cb
+        slot[w] = atomicAdd(&c2[bk[w]], 1);
+      }
+    }
+    __syncthreads();
+    scan2048(c2, sm);
+    offs = c2;
+  }
+#pragma unroll
+  for (int w = 0; w < WPER; ++w) {
+    int i = w * THREADS + tid;
+    if (i < nsel) sm.mem[offs[bk[w]] + slot[w]] = i;
+  }
+  __syncthreads();
+  int rank[WPER];
+#pragma unroll
+  for (int w = 0; w < WPER; ++w) {
+    int i = w * THREADS + tid;
+    if (i < nsel) {
+      int o = offs[bk[w]];
+      int end = bk[w] + 1 < NB ? offs[bk[w] + 1] : nsel;
+      i64 kk = sm.wkey[i];
+      int pp = sm.wpos[i];
+      int r = 0;
+      for (int t = o; t < end; ++t) {
+        int j = sm.mem[t];
+        i64 kj = sm.wkey[j];
+        r += (kj > kk || (kj == kk && sm.wpos[j] < pp)) ? 1 : 0;
+      }
+      rank[w] = o + r;
+    }
+  }
+  __syncthreads();  // (the member list's space takes the output order)
+#pragma unroll
+  for (int w = 0; w < WPER; ++w) {
+    int i = w * THREADS + tid;
+    if (i < nsel) sm.mem[rank[w]] = i;
+  }
+  __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* __restrict__ out_ids,
             float* __restrict__ out_sc, int N, int K, int s_sq, int s_iq, int s_oi, int s_os) {
   __shared__ Smem sm;
+  extern __shared__ u64 dyn[];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const i64 row = blockIdx.x;
@@ -139,7 +336,16 @@ select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* 
   if (tid == 0) {
     sm.nvalid = 0;
     sm.wcount = 0;
+    sm.lo = ~0ull;
+    sm.hi = 0;
+    sm.big = 0;
+    for (int p = 0; p < 3; ++p) {
+      sm.ph[p] = 0;
+      sm.pl[p] = ~0ull;
+      sm.pc[p] = 0;
+    }
   }
+  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;
   __syncthreads();
   nv = __reduce_add_sync(FULL, nv);
   if (lane == 0 && nv) atomicAdd(&sm.nvalid, nv);
@@ -210,6 +416,7 @@ select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* 
   }
   __syncthreads();
 
+#if defined(BITONIC) || defined(NOSORT)
   // bitonic sort of the winners: key descending, then position ascending
   int S = 1;
   while (S < nsel) S <<= 1;
@@ -218,7 +425,7 @@ select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* 
     sm.wpos[i] = 0x7FFFFFFF;
   }
   __syncthreads();
-#ifdef NOSORT  // (a variant for timing only: the winners unordered)
+#ifdef NOSORT  // (for timing only: the winners unordered)
   S = 1;
 #endif
   for (int size = 2; size <= S; size <<= 1) {
@@ -240,13 +447,21 @@ select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* 
     }
   }
 
+#define WINNER(r) (r)
+#else
+  // bucket rank (the header)
+  if (nsel > 0) order_winners(sm, dyn, nsel);
+#define WINNER(r) (sm.mem[r])
+#endif
+
   int* orow = out_ids + row * s_oi;
   int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os;
   for (int r = tid; r < K; r += THREADS) {
     int oid = -1, bits = (int)0xFF800000;
     if (r < nsel) {
-      oid = 0x7FFFFFFF - (int)(sm.wkey[r] & 0x7FFFFFFF);
-      bits = __ldg(srow + sm.wpos[r]);
+      int i = WINNER(r);
+      oid = 0x7FFFFFFF - (int)(sm.wkey[i] & 0x7FFFFFFF);
+      bits = __ldg(srow + sm.wpos[i]);
     }
     orow[r] = oid;
     osrow[r] = bits;
