@@ -230,6 +230,8 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
         for w in (4, 8, 16):
             v[f"row_s4k_w{w}"] = dict(resident=False, num_warps=w, chunk=256 * w, sample=2048, sample_cap=4096)
         v["row_s1k_w4"] = dict(resident=False, num_warps=4, chunk=1024, sample=1024, sample_cap=4096)
+    if n <= 16384:  # the block path (select_block): rows of up to 16384 candidates
+        v["block"] = dict(path="block")
     return v
 
 

@@ -128,8 +128,8 @@ def _source_bytes(obj: Any) -> bytes:
     return name.encode() + b"\n" + src.encode()
 
 
-# Every module whose code a selection composition runs (transport, ordering, both Triton paths
-# and their shared helpers), by import name. ``selection_code`` hashes their files without
+# Every module whose code a selection composition runs (transport, ordering, the Triton paths,
+# the block path's CUDA source and their shared helpers), by import name. ``selection_code`` hashes their files without
 # importing them (``radix`` needs Triton). tests/test_select_identity.py walks the imports of
 # these modules and fails if one they reach is missing here.
 SELECTION_MODULES = (
@@ -137,6 +137,7 @@ SELECTION_MODULES = (
     "tpflare.ops.ordering",
     "tpflare.ops.select_kernel",
     "tpflare.ops.select_staged",
+    "tpflare.ops.select_block",
     "tpflare.ops.select_finish",
     "tpflare.ops.select_compile",
     "tpflare.ops.radix",

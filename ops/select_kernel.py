@@ -15,10 +15,12 @@ fewer than ``k`` valid candidates the tail is padded with id ``-1`` and score
 Invalid candidates are never returned as such: every output slot past the valid
 ones is a pad, whatever score the invalid candidate carried.
 
-Two paths, chosen by ``choose_path`` (the one dispatcher; measured on an H200, graph replay):
+Three paths, chosen by ``choose_path`` (the one dispatcher; measured on an H200, graph replay):
 the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows, and
-up to 8 rows of 16385..24576 candidates)
-and the *row* kernel of this module (one program a row).
+up to 8 rows of 16385..24576 candidates), the *block* path of ``select_block.py`` (one CUDA
+thread block a row, compiled by NVRTC; beyond 4 rows of up to 16384 candidates, where it runs)
+and the *row* kernel of this module (one program a row: the rest, and the block path's shapes
+where it does not run).
 
 Row kernel design (one program per row, no host synchronisation, CUDA-graph capturable):
 
@@ -96,7 +98,7 @@ from typing import Iterable
 
 import torch
 
-from . import select_staged
+from . import select_block, select_staged
 from .select_compile import collecting, compile_in_parallel, launch
 
 __all__ = ["available", "supports", "choose_path", "row_config", "sample_config", "launch_plan", "precompile", "triton_ordered_select",
@@ -134,6 +136,7 @@ ORDER_BUCKETS = 2  # the row kernel's ordering (radix.order_row) spreads its KB 
 # a launch plan's first call (outside capture) and precompile compile their kernels at once
 # (select_compile.compile_in_parallel); False: one after another as they launch
 PARALLEL_COMPILE = True
+BLOCK_PATH = True  # choose_path takes the block path (select_block) where it runs and holds the row
 _WARMED: set = set()  # (device, launch plan, options) whose kernels a first call warmed
 
 try:  # Triton is optional: the module must import on CPU-only machines.
@@ -167,7 +170,17 @@ def supports(n: int, k: int) -> bool:
 
 
 def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
-    """The staged path (a row over many programs) or the one-program-a-row kernel.
+    """The staged path (a row over many programs), the block path (``select_block``: one CUDA
+    thread block a row) or the one-program-a-row Triton kernel.
+
+    The block path takes rows of up to ``select_block.MAX_N`` (16384) candidates beyond
+    ``STAGED_MAX_ROWS`` rows where it runs (``select_block.available()``: torch's NVRTC entry
+    point; ``BLOCK_PATH``). H200, graph replay, k = 2048 (docs/benchmarks_select_kernel.md,
+    session 22): 8-4096 rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row
+    kernel's time (64 x 16384: 24.2 against 30.1 µs; 1024 x 16384: 189 against 244); one row
+    0.70-1.73x the staged path's (it runs on one SM; faster on a short context only), so up to
+    ``STAGED_MAX_ROWS`` the staged path stays. Elsewhere, or where it does not run, the Triton
+    kernels as below.
 
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
     serving runs the selection): the staged path is faster up to 4 rows; beyond, its global
@@ -191,6 +204,8 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     """
     if q <= STAGED_MAX_ROWS:
         return "staged"
+    if BLOCK_PATH and select_block.supports(n, k) and select_block.available():
+        return "block"
     rows, n_max = STAGED_LONG_ROWS
     return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k, n_sm: unused)
 
@@ -831,6 +846,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     with one plan share every compiled kernel (the shapes themselves are runtime values)."""
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
+    if path == "block":  # one NVRTC function a tile
+        return (path, kb, select_block.tile(n))
     if path == "row":  # the row kernel orders its own winners
         cfg = row_config(n, q)
         smp = sample_config(n, cfg[3])
@@ -915,8 +932,29 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
             path = "row"
         else:
             path = "staged" if staged else choose_path(q, n, k, n_sm)
-    if path not in ("row", "staged"):
-        raise ValueError(f"path must be row or staged, got {path!r}")
+    if path not in ("row", "staged", "block"):
+        raise ValueError(f"path must be row, staged or block, got {path!r}")
+    if path == "block":
+        if any(o is not None for o in row_opts) or staged or order is not None:
+            raise ValueError("path='block' takes no option of the row or staged path, nor an order")
+        if not select_block.supports(n, k):
+            raise ValueError(f"path='block' takes rows of at most {select_block.MAX_N} candidates, got {n}")
+        if scores.device.type != "cuda":
+            raise ValueError("path='block' needs CUDA tensors (the interpreter runs Triton kernels only)")
+        chosen = given["path"] is None
+        try:
+            if collecting():  # a parallel compile of plans (precompile): the block kernel compiles now (NVRTC)
+                if q > 0:
+                    select_block.compile_tile(select_block.tile(n), scores.device.index)
+                return (torch.empty((q, k), dtype=torch.int32, device=scores.device),
+                        torch.empty((q, k), dtype=torch.float32, device=scores.device))
+            return select_block.block_select(scores if scores.stride(1) == 1 else scores.contiguous(),
+                                             ids if ids.stride(1) == 1 else ids.contiguous(), k)
+        except RuntimeError:
+            if not chosen or select_block.available():
+                raise
+            # the block kernel did not compile here (logged once): the Triton kernels serve the call
+            return triton_ordered_select(scores, ids, k, **given)
     if order not in (None, "rank", "bucket", "sort"):
         raise ValueError(f"order must be rank, bucket or sort, got {order!r}")
     if path == "staged" and any(o is not None for o in row_opts):

@@ -34,6 +34,24 @@ def _device():
     return "cuda"
 
 
+def _require_path(path):
+    """Skip the block path where it cannot run (the interpreter: CUDA C; no NVRTC entry point)."""
+    from tpflare.ops import select_block
+
+    if path == "block" and (INTERPRET or not select_block.available()):
+        pytest.skip("the block path needs CUDA and torch's NVRTC entry point")
+
+
+@pytest.fixture
+def triton_only(monkeypatch):
+    """The dispatcher without the block path: tests of the Triton kernels' launch plans and
+    compiles, whose shapes the block path would otherwise take."""
+    monkeypatch.setattr(sk, "BLOCK_PATH", False)
+    sk._first_call_plan.cache_clear()
+    yield
+    sk._first_call_plan.cache_clear()
+
+
 def _require_kernel():
     if INTERPRET and sk._HAVE_TRITON:
         return
@@ -185,7 +203,8 @@ def test_references_agree():
 SMALL = [(37, 5), (100, 64), (300, 1), (2048, 64), (1000, 2048), (6144, 100)]
 
 
-VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked": dict(resident=False),
+VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "block": dict(path="block"),
+            "row_chunked": dict(resident=False),
             "staged_finish": dict(staged=dict(rank_play=0)),  # the finish picks every cutoff bin's winners
             "staged_rank16": dict(staged=dict(rank_play=16, rank_cols=16)),  # cutoff bins of <= 16 ranked; short rank steps
             "row_wide": dict(resident=False, num_warps=32, chunk=8192),  # 32 warps, chunks of 8192
@@ -196,9 +215,10 @@ VARIANTS = {"staged": dict(path="staged"), "row": dict(path="row"), "row_chunked
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,k", SMALL)
 def test_small_against_python(kind, n, k, variant):
-    """The staged path and the row kernel's tiles (keys in registers / chunks re-read, with 16
-    or 32 warps) against a plain sort."""
+    """The staged path, the block path and the row kernel's tiles (keys in registers / chunks
+    re-read, with 16 or 32 warps) against a plain sort."""
     _require_kernel()
+    _require_path(VARIANTS[variant].get("path"))
     if INTERPRET and variant == "staged_rank16" and k > 1024:
         # 128 rank steps of 16 columns: 4-29 s a case in Triton's interpreter (about 90 s of CI's
         # subset); the GPU runs it, the interpreter runs this variant at the other sizes
@@ -238,13 +258,16 @@ def test_staged_tiles(kind, tiles):
 ROWS = [1, 7, 64, 1024]
 
 
-@pytest.mark.parametrize("path", ["staged", "row"])
+@pytest.mark.parametrize("path", ["staged", "row", "block"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("k", [1, 64, 2048])
 @pytest.mark.parametrize("n", [2048, 8 * 2048, 16 * 2048])
 def test_against_packed_topk(kind, k, n, path):
     _require_kernel()
-    rows = (ROWS if path == "row" else ROWS[:-1]) if not INTERPRET else [1, 2]
+    _require_path(path)
+    if path == "block" and n > 16384:
+        pytest.skip("the block path takes rows of at most 16384 candidates")
+    rows = (ROWS if path != "staged" else ROWS[:-1]) if not INTERPRET else [1, 2]
     for q in rows:
         scores, ids = make_case(kind, q, n, k, seed=q * 31 + n + k, device=_device())
         check_equal(run_kernel(scores, ids, k, path=path), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k} {path}")
@@ -267,7 +290,7 @@ def test_many_rows_capped_tiles(n, kind):
             scores, ids = _mass_tie("neginf", q, n, seed=n + k)
         else:
             scores, ids = make_case(kind, q, n, k, seed=n + 7 * k, device=_device())
-        check_equal(run_kernel(scores, ids, k), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
+        check_equal(run_kernel(scores, ids, k, path="row"), ref_packed(scores, ids, k), f"{kind} q={q} n={n} k={k}")
 
 
 ORDERS = [("row", "rank"), ("row", "sort"), ("row", "bucket"), ("staged", "rank"), ("staged", "sort"),
@@ -332,7 +355,8 @@ def _clustered(kind: str, q: int, n: int, seed: int):
     return scores.contiguous(), ids.contiguous()
 
 
-@pytest.mark.parametrize("path,order", [("row", None), ("staged", "bucket")], ids=["row", "staged-bucket"])
+@pytest.mark.parametrize("path,order", [("row", None), ("staged", "bucket"), ("block", None)],
+                         ids=["row", "staged-bucket", "block"])
 @pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys", "short_context",
                                   "three_groups", "signs_tie"])
 def test_bucket_order_clustered_keys(kind, path, order):
@@ -342,8 +366,10 @@ def test_bucket_order_clustered_keys(kind, path, order):
     second level splits every bucket over its own key range; close_keys: equal scores with
     distinct ids in the buckets of a key range of 60 decades; short_context: one bucket of most
     winners, over many of the second level's groups; signs_tie: winners of both signs, +0 and
-    -0, above a tie at a negative score; exact against both references."""
+    -0, above a tie at a negative score; exact against both references. The block path's
+    ordering (select_block) maps in the same parts and splits alike, in shared memory."""
     _require_kernel()
+    _require_path(path)
     for q, n, k in ((2, 3000, 1024), (1, 700, 512)):
         scores, ids = _clustered(kind, q, n, seed=n + k)
         got = run_kernel(scores, ids, k, path=path, order=order)
@@ -808,20 +834,22 @@ def test_staged_rank_play_boundary(bin_size, play, fuse):
     check_equal(got, ref_python(scores, ids, k), f"bin={bin_size} rank_play={play} fuse={fuse}")
 
 
-@pytest.mark.parametrize("kw", [dict(path="row"), dict(path="staged"), dict(path="staged", staged=dict(fuse=False))],
-                         ids=["row", "staged", "staged_unfused"])
+@pytest.mark.parametrize("kw", [dict(path="row"), dict(path="staged"), dict(path="staged", staged=dict(fuse=False)),
+                                dict(path="block")], ids=["row", "staged", "staged_unfused", "block"])
 def test_no_candidates(kw):
     """N = 0: every slot a pad (the staged path launches no compact program then)."""
     _require_kernel()
+    _require_path(kw["path"])
     dev = _device()
     ids, sc = sk.triton_ordered_select(torch.zeros(3, 0, device=dev), torch.zeros(3, 0, dtype=torch.int32, device=dev),
                                        5, **kw)
     assert ids.cpu().eq(-1).all() and sc.cpu().eq(float("-inf")).all()
 
 
-@pytest.mark.parametrize("path", ["staged", "row"])
+@pytest.mark.parametrize("path", ["staged", "row", "block"])
 def test_strided_rows_and_no_host_sync(path):
     _require_kernel()
+    _require_path(path)
     if INTERPRET:
         pytest.skip("sync debug mode needs CUDA")
     scores, ids = make_case("ties", 9, 3 * 2048, 2048, seed=3)
@@ -840,13 +868,14 @@ def test_strided_rows_and_no_host_sync(path):
     check_equal(got, ref_packed(scores, ids, 2048), f"strided {path}")
 
 
-@pytest.mark.parametrize("path", ["staged", "row"])
+@pytest.mark.parametrize("path", ["staged", "row", "block"])
 def test_tensors_on_a_device_that_is_not_current(path):
     """Triton launches on the current device: inputs on another GPU run there, the current
     device unchanged."""
     _require_kernel()
     if INTERPRET or torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
+    _require_path(path)
     scores, ids = make_case("special", 5, 3000, 512, seed=11)
     cur = torch.cuda.current_device()
     other = (cur + 1) % torch.cuda.device_count()
@@ -855,20 +884,24 @@ def test_tensors_on_a_device_that_is_not_current(path):
     check_equal(got, ref_packed(scores, ids, 512), f"on cuda:{other}, current cuda:{cur}, {path}")
 
 
-GRAPH_CASES = [("rank", 64), ("sort", 64), ("staged", 64), ("default", 1), ("default", 4), ("default", 64)]
+GRAPH_CASES = [("rank", 64), ("sort", 64), ("bucket", 64), ("staged", 64), ("block", 1), ("default", 1), ("default", 4),
+               ("default", 64)]
 
 
 @pytest.mark.parametrize("order,q", GRAPH_CASES, ids=[f"{o}-q{q}" for o, q in GRAPH_CASES])
 def test_cuda_graph_capture_and_replay(order, q):
     """Capture once, replay on other inputs. ``default``: the path chosen by default (the staged
-    path at these row counts: fused finish at 1 row, finish kernel at 4)."""
+    path at 1 and 4 rows: fused finish at 1 row, finish kernel at 4; the block path at 64 where
+    it runs)."""
     _require_kernel()
     if INTERPRET:
         pytest.skip("CUDA graphs need CUDA")
+    _require_path(order)
     n, k = 8 * 2048, 2048
     scores, ids = make_case("random", q, n, k, seed=11)
     st_s, st_i = scores.cuda(), ids.cuda()
-    kw = {"staged": dict(path="staged"), "default": {}}.get(order, dict(path="row", order=order))
+    kw = {"staged": dict(path="staged"), "block": dict(path="block"), "default": {}}.get(order,
+                                                                                      dict(path="row", order=order))
     sk.triton_ordered_select(st_s, st_i, k, **kw)  # warm-up: compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -917,8 +950,8 @@ def test_fuzz_cases(index):
     want = ref_packed(scores, ids, k)
     what = f"seed {seed}: Q={q} N={n} k={k} {drawn}"
     check_equal(fz.serving_call(scores, ids, k), want, what)
-    other = "staged" if sk.choose_path(q, n, k, 132) == "row" else "row"
-    check_equal(sk.triton_ordered_select(scores, ids, k, path=other), want, f"{what} path={other}")
+    for other in fz.other_paths(q, n, k):
+        check_equal(sk.triton_ordered_select(scores, ids, k, path=other), want, f"{what} path={other}")
 
 
 LONG = [(131072, 2048), (100003, 2048), (65536, 64), (40000, 1)]
@@ -970,7 +1003,7 @@ GENERIC = {"staged, fused, rank": [(1, 16384, 2048, 16384), (2, 12000, 1500, 120
 
 
 @pytest.mark.parametrize("plan", list(GENERIC))
-def test_one_compiled_kernel_serves_every_shape_of_a_plan(plan):
+def test_one_compiled_kernel_serves_every_shape_of_a_plan(plan, triton_only):
     """Q, N, k and the strides are runtime values: after precompile of the first shape, the
     other shapes of its launch plan run exactly without compiling anything."""
     _require_kernel()
@@ -1008,7 +1041,7 @@ def _parallel_compile_from_scratch():
 
 @pytest.mark.parametrize("plan", ["staged, fused, rank, spread", "row, chunks of 4096",
                                   "row, chunks of 4096, sampled, spread"])
-def test_parallel_compile_compiles_what_the_call_launches(plan):
+def test_parallel_compile_compiles_what_the_call_launches(plan, triton_only):
     """A plan's first call compiles its kernels at once (select_compile): collecting its launches
     compiles and launches nothing; compile_in_parallel compiles each launched kernel once; the
     call then compiles nothing more and is exact."""
@@ -1031,7 +1064,7 @@ def test_parallel_compile_compiles_what_the_call_launches(plan):
 
 
 @pytest.mark.parametrize("plan", list(GENERIC))
-def test_first_call_compiles_its_plan_at_once(plan, caplog):
+def test_first_call_compiles_its_plan_at_once(plan, caplog, triton_only):
     """A plan's first call, as users make it, compiles its kernels at once and loads them before
     it launches (select_compile's INFO line, no warning), then runs exactly, compiling nothing
     more. (Up to session 11 of 2026-12-03 the staged plans' first call failed its parallel
@@ -1054,7 +1087,7 @@ def test_first_call_compiles_its_plan_at_once(plan, caplog):
 
 
 @pytest.mark.parametrize("plan", list(GENERIC))
-def test_stand_ins_have_their_kernels_launchers(plan):
+def test_stand_ins_have_their_kernels_launchers(plan, triton_only):
     """Where Triton builds a C launcher a kernel (3.6), each kernel a plan launches has a
     stand-in (select_compile.stand_in) that, compiled with the kernel's arguments, has the
     kernel's argument types, which are all the launcher's C source depends on: the launcher
@@ -1088,7 +1121,7 @@ def test_stand_ins_have_their_kernels_launchers(plan):
     assert seen
 
 
-def test_precompile_of_several_plans_compiles_them_all():
+def test_precompile_of_several_plans_compiles_them_all(triton_only):
     """precompile compiles several plans' kernels at once; their shapes then compile nothing."""
     _require_kernel()
     if INTERPRET:
@@ -1105,6 +1138,66 @@ def test_precompile_of_several_plans_compiles_them_all():
         scores, ids = make_case("random", q, n, 2048, seed=q * n, device="cuda")
         check_equal(sk.triton_ordered_select(scores, ids, 2048), ref_packed(scores, ids, 2048), f"q={q} n={n}")
     assert _compiled_variants() == before, "a precompiled shape compiled another kernel"
+
+
+BLOCK_SHAPES = [(5, 16384, 2048, 16384), (64, 9000, 2048, 9000), (33, 12001, 1025, 12100), (7, 8193, 64, 8193),
+                (300, 5000, 2048, 5000), (5, 4096, 1, 4200), (9, 100, 2048, 100), (6, 1, 7, 1)]
+
+
+def test_block_path_one_function_a_tile_serves_every_shape():
+    """The block path compiles one function a tile (256, 512, 1024 threads) and device: shapes of
+    any Q, N, k and row stride within a tile run exactly on it, compiling nothing more; the
+    dispatcher takes the block path for every one of these shapes (more than 4 rows, at most
+    16384 candidates), and launch_plan names its tile."""
+    from tpflare.ops import select_block
+
+    _require_kernel()
+    _require_path("block")
+    for q, n, k, stride in BLOCK_SHAPES:
+        assert sk.choose_path(q, n, k, 132) == "block" and sk.launch_plan(q, n, k)[0] == "block", (q, n, k)
+    sk.precompile([(q, n) for q, n, _, _ in BLOCK_SHAPES], k=2048, progress=False)
+    tiles = {(torch.cuda.current_device(), select_block.tile(n)) for _, n, _, _ in BLOCK_SHAPES}
+    assert tiles <= set(select_block._KERNELS)
+    before = len(select_block._KERNELS)
+    for kind in ("random", "nandups", "padding"):
+        for q, n, k, stride in BLOCK_SHAPES:
+            big_s, big_i = make_case(kind, q, stride, k, seed=q + n + k, device="cuda")
+            scores, ids = big_s[:, :n], big_i[:, :n]
+            check_equal(sk.triton_ordered_select(scores, ids, k),
+                        ref_packed(scores.contiguous(), ids.contiguous(), k), f"{kind} q={q} n={n} k={k}")
+    assert len(select_block._KERNELS) == before
+
+
+def test_block_path_falls_back_to_the_row_kernel_where_it_does_not_compile(monkeypatch, caplog):
+    """Where the block kernel does not compile (NVRTC missing or refusing), the call the
+    dispatcher sent there runs on the Triton row kernel, exactly, with one warning; the
+    dispatcher then takes the row kernel; a call that asked for the block path gets the error."""
+    import logging
+
+    from tpflare.ops import select_block
+
+    _require_kernel()
+    _require_path("block")
+    scores, ids = make_case("special", 9, 6000, 2048, seed=5, device="cuda")
+    monkeypatch.setattr(select_block, "_KERNELS", {})
+    monkeypatch.setattr(select_block, "_FAILED", [])
+
+    def refuse(*a, **kw):
+        raise RuntimeError("NVRTC refused (test)")
+
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", refuse)
+    sk._first_call_plan.cache_clear()
+    try:
+        assert sk.choose_path(9, 6000, 2048, 132) == "block"
+        with caplog.at_level(logging.WARNING, logger="tpflare.select_block"):
+            got = sk.triton_ordered_select(scores, ids, 2048)
+        check_equal(got, ref_packed(scores, ids, 2048), "after the fallback")
+        assert "did not compile" in caplog.text and not select_block.available()
+        assert sk.choose_path(9, 6000, 2048, 132) == "row"
+        with pytest.raises(RuntimeError, match="compile failed"):
+            select_block.compile_tile(512)
+    finally:
+        sk._first_call_plan.cache_clear()
 
 
 def test_rejects_bad_input():

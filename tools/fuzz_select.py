@@ -19,8 +19,8 @@ Each case is checked bit for bit (ids and score bits):
 
 * what serving runs: ``ordering.ordered_select(kernel="triton")`` (the dispatcher's path and
   launch plan; ``select_kernel.triton_ordered_select`` where ``k > N``, which the op refuses);
-* with probability ``--other-path``, ``triton_ordered_select`` on the other path (row or
-  staged) for the same inputs;
+* with probability ``--other-path``, ``triton_ordered_select`` on each other path (``other_paths``:
+  of row, staged and, for rows of up to 16384 candidates where it runs, block) for the same inputs;
 * with probability ``--graph``, the call captured in a CUDA graph, replayed on new inputs
   of the same shape copied into the captured buffers;
 
@@ -235,6 +235,16 @@ def mismatch(got, want, ids: torch.Tensor | None = None) -> str | None:
     return None
 
 
+def other_paths(q: int, n: int, k: int) -> list[str]:
+    """The paths other than the one the dispatcher takes for the shape: the row kernel and the
+    staged path always apply, the block path to rows of up to select_block.MAX_N where it runs."""
+    from tpflare.ops import select_block
+
+    chosen = sk.choose_path(q, n, k, 132)
+    paths = ["row", "staged"] + (["block"] if select_block.supports(n, k) and select_block.available() else [])
+    return [p for p in paths if p != chosen]
+
+
 def serving_call(scores, ids, k):
     # the public op where it takes the call (it makes rows contiguous), else the kernel itself
     if scores.is_cuda and k <= scores.shape[1] and scores.is_contiguous():
@@ -282,9 +292,9 @@ def run(seconds: float, seed: int, max_elems: int, other_path: float, graph: flo
         found.append(("serving call", mismatch(serving_call(scores, ids, k), want)))
         checks["serving call"] += 1
         if rng.random() < other_path:
-            other = "staged" if plan[0] == "row" else "row"
-            found.append((f"path={other}", mismatch(sk.triton_ordered_select(scores, ids, k, path=other), want)))
-            checks[f"path={other}"] += 1
+            for other in other_paths(q, n, k):
+                found.append((f"path={other}", mismatch(sk.triton_ordered_select(scores, ids, k, path=other), want)))
+                checks[f"path={other}"] += 1
         if dev == "cuda" and rng.random() < graph:
             found.append(("graph replay", _graph_check(scores, ids, k, case_seed, dev)))
             checks["graph replay"] += 1
@@ -311,7 +321,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="fuzz this long (the cases' compiles included)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-elems", type=int, default=1 << 24, help="at most this many candidates a case (Q x N)")
-    ap.add_argument("--other-path", type=float, default=0.3, help="share of cases also run on the other path")
+    ap.add_argument("--other-path", type=float, default=0.3, help="share of cases also run on the other paths")
     ap.add_argument("--graph", type=float, default=0.05, help="share of cases also replayed in a CUDA graph")
     ap.add_argument("--out", help="write the summary (JSON) here")
     ap.add_argument("--save", help="write each mismatching case's inputs into this folder")

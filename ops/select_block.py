@@ -1,26 +1,63 @@
-// A prototype, for measurement only (bench/cuda_select_proto.py): the exact ordered top-k of
-// each row (DESIGN.md's Order rule) as one CUDA thread block a row, compiled at run time by
-// NVRTC. Not shipped: it answers whether a kernel that controls shared memory (histograms by
-// shared atomics, a sort of the winners in shared memory) beats the Triton register tile.
-//
-// Order: score key descending (IEEE bit order: +0 before -0; NaN below -inf), then id
-// ascending, then position ascending. Invalid candidates (id < 0) never win; slots past the
-// winners are pads (id -1, score -inf).
-//
-// A row of at most THREADS x ITEMS candidates stays in registers (candidate t * THREADS + tid
-// in thread tid's slot t). The k-th key is found by radix select, 8-bit digits, histograms by
-// warp-aggregated shared atomics: on the score key (4 passes at most), then, where candidates
-// tie at it, on the inverted id among them, then on the inverted position. The winners go to
-// shared memory (one ballot and one atomic a warp and slot). The ordering (session 22's second
-// version): the winners' packed keys fall in two parts, the tie at the smallest score key and
-// the rest, each with buckets in proportion to its winners; a shift maps (the part's largest
-// key - key) to one of its buckets (radix.part_counts' idea in two parts, not three),
-// one shared atomic a winner gives its slot in its bucket, a scan the buckets' offsets, and a
-// winner's rank in its bucket counts the members before it (a larger key, or an equal key at an
-// earlier position). Flags of variants: MATCH (the histograms' atomics aggregated a warp by
-// __match_any_sync, the first version's), BITONIC (a bitonic sort in shared memory instead, the
-// first version's), NOSORT (the winners unordered: for timing only).
+"""Exact ordered top-k selection with one CUDA thread block a row (the *block* path).
 
+``block_select(scores, ids, k)`` gives what ``select_kernel.triton_ordered_select`` gives (DESIGN.md's
+Order rule, bit for bit: score key descending with +0 before -0 and every NaN below -inf, then
+id ascending, then position ascending; pads are id -1 with score -inf past the valid
+candidates) for rows of at most ``MAX_N`` candidates. The kernel (``SOURCE``, CUDA C++) is
+compiled at run time by NVRTC through ``torch.cuda._compile_kernel`` (torch's private API:
+``available()`` feature-detects it) into one function a tile, in about a second.
+
+Why CUDA here: a thread block controls its shared memory, which a Triton program cannot
+allocate. Histograms are shared atomics, and the winners are ordered in shared memory. On an
+H200 (docs/benchmarks_select_kernel.md, session 22) this took 0.49-0.88x the Triton row
+kernel's time at 8-4096 rows of 4096-16384 candidates.
+
+The kernel, one block of ``tile(n)`` threads a row:
+* The row stays in registers, 16 candidates a thread (``ITEMS``): candidate ``t * THREADS +
+  tid`` sits in thread ``tid``'s slot ``t``.
+* The k-th key is found by radix select with 8-bit digits, each histogram built by shared
+  atomics. It runs on the unsigned score key (at most 4 passes, stopping at the first bin that
+  holds exactly the candidates still wanted). Where candidates tie at that key, it runs again on
+  the inverted id among them, then on the inverted position.
+* The winners go to shared memory as packed keys (score key above the inverted id, as in
+  ``radix.packed_key``) and positions: one ballot and one atomic a warp and slot.
+* Ordering by bucket rank, as ``radix.order_row`` does it, in shared memory:
+  - three parts (positive score keys, negative ones, the tie at the smallest score key), each
+    mapped over its own key range into buckets in proportion to its winners;
+  - one shared atomic a winner gives its slot in its bucket, and a scan gives the buckets'
+    offsets;
+  - where a bucket holds more than ``SPLIT`` winners, every bucket splits again over its own key
+    range (min and max by shared atomics, at the bucket's offset) into as many sub-buckets as it
+    holds;
+  - a winner's rank in its (sub-)bucket counts the members before it: a larger key, or an equal
+    key at an earlier position.
+* Output: ids from the keys; score bits read again from the row at the winners' positions, so
+  NaN payloads survive.
+
+No host synchronisation; capturable in a CUDA graph after a first, compiling call outside
+capture (as the Triton kernels). Shared memory: 42 KB static and ``DYN_BYTES`` dynamic a block,
+which needs the function's opt-in beyond 48 KB (``cuFuncSetAttribute``, set at compile).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+__all__ = ["available", "supports", "tile", "block_select", "compile_tile", "MAX_N", "TILES"]
+
+log = logging.getLogger("tpflare.select_block")
+
+ITEMS = 16  # candidates a thread
+TILES = (256, 512, 1024)  # threads a block: rows of up to ITEMS x threads candidates
+MAX_N = ITEMS * TILES[-1]
+MAX_K = 2048
+DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4  # the second level's key ranges and sub-bucket sizes
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+SOURCE = r"""
 #ifndef THREADS
 #define THREADS 1024
 #endif
@@ -76,12 +113,7 @@ __device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, 
     for (int t = 0; t < ITEMS; ++t) {
       bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));
       int b = in ? (int)((key[t] >> s) & 255u) : 256;
-#ifdef MATCH  // (the first version: aggregated a warp)
-      u32 peers = __match_any_sync(FULL, b);
-      if (in && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[b], __popc(peers));
-#else
       if (in) atomicAdd(&sm.hist[b], 1);
-#endif
     }
     __syncthreads();
     if (threadIdx.x < 32) {  // the bin of the (need - above)-th largest: lane l holds bins 255 - 8l - j
@@ -308,7 +340,7 @@ __device__ void order_winners(Smem& sm, u64* dyn, int nsel) {
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* __restrict__ out_ids,
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* __restrict__ out_ids,
             float* __restrict__ out_sc, int N, int K, int s_sq, int s_iq, int s_oi, int s_os) {
   __shared__ Smem sm;
   extern __shared__ u64 dyn[];
@@ -416,50 +448,15 @@ select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* 
   }
   __syncthreads();
 
-#if defined(BITONIC) || defined(NOSORT)
-  // bitonic sort of the winners: key descending, then position ascending
-  int S = 1;
-  while (S < nsel) S <<= 1;
-  for (int i = nsel + tid; i < S; i += THREADS) {
-    sm.wkey[i] = -1;
-    sm.wpos[i] = 0x7FFFFFFF;
-  }
-  __syncthreads();
-#ifdef NOSORT  // (for timing only: the winners unordered)
-  S = 1;
-#endif
-  for (int size = 2; size <= S; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = tid; i < (S >> 1); i += THREADS) {
-        int lo = 2 * i - (i & (stride - 1));
-        int hi = lo + stride;
-        i64 ka = sm.wkey[lo], kb = sm.wkey[hi];
-        int pa = sm.wpos[lo], pb = sm.wpos[hi];
-        bool b_first = kb > ka || (kb == ka && pb < pa);
-        if (b_first == ((lo & size) == 0)) {
-          sm.wkey[lo] = kb;
-          sm.wkey[hi] = ka;
-          sm.wpos[lo] = pb;
-          sm.wpos[hi] = pa;
-        }
-      }
-      __syncthreads();
-    }
-  }
-
-#define WINNER(r) (r)
-#else
-  // bucket rank (the header)
+  // the ordering (order_winners)
   if (nsel > 0) order_winners(sm, dyn, nsel);
-#define WINNER(r) (sm.mem[r])
-#endif
 
   int* orow = out_ids + row * s_oi;
   int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os;
   for (int r = tid; r < K; r += THREADS) {
     int oid = -1, bits = (int)0xFF800000;
     if (r < nsel) {
-      int i = WINNER(r);
+      int i = sm.mem[r];
       oid = 0x7FFFFFFF - (int)(sm.wkey[i] & 0x7FFFFFFF);
       bits = __ldg(srow + sm.wpos[i]);
     }
@@ -467,3 +464,94 @@ select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* 
     osrow[r] = bits;
   }
 }
+"""
+
+_KERNELS: dict = {}  # (device index, threads) -> compiled function
+_LOCK = threading.Lock()
+_FAILED: list = []  # a compile that failed here: the reason (the block path then stays off)
+
+
+def available() -> bool:
+    """Whether the block path can run here: CUDA, torch's NVRTC entry point and its driver
+    library, and no earlier compile failure in this process."""
+    if _FAILED:
+        return False
+    try:
+        if not torch.cuda.is_available():
+            return False
+    except Exception:  # pragma: no cover - depends on the machine
+        return False
+    u = getattr(torch.cuda, "_utils", None)
+    return hasattr(torch.cuda, "_compile_kernel") and u is not None and (
+        hasattr(u, "_get_gpu_runtime_library") or hasattr(u, "_get_cuda_library"))
+
+
+def supports(n: int, k: int) -> bool:
+    """Rows of ``n <= MAX_N`` candidates, ``1 <= k <= MAX_K`` outputs."""
+    return 0 <= n <= MAX_N and 1 <= k <= MAX_K
+
+
+def tile(n: int) -> int:
+    """Threads a block for rows of ``n`` candidates: the smallest tile that holds them."""
+    for t in TILES:
+        if n <= ITEMS * t:
+            return t
+    raise ValueError(f"the block path takes at most {MAX_N} candidates a row, got {n}")
+
+
+def _driver():
+    u = torch.cuda._utils
+    return (getattr(u, "_get_gpu_runtime_library", None) or u._get_cuda_library)()
+
+
+def compile_tile(threads: int, device: int | None = None):
+    """The compiled kernel of a tile on a device (the current one by default), compiled once a
+    process. Raises RuntimeError where the compile fails; ``available()`` is False after."""
+    index = torch.cuda.current_device() if device is None else int(device)
+    key = (index, int(threads))
+    kern = _KERNELS.get(key)
+    if kern is not None:
+        return kern
+    with _LOCK:
+        kern = _KERNELS.get(key)
+        if kern is None:
+            t0 = time.perf_counter()
+            src = f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n" + SOURCE
+            try:
+                with torch.cuda.device(index):
+                    kern = torch.cuda._compile_kernel(src, "tpflare_select_rows")
+                    rc = _driver().cuFuncSetAttribute(kern.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                      DYN_BYTES)
+                if rc != 0:
+                    raise RuntimeError(f"cuFuncSetAttribute (dynamic shared memory {DYN_BYTES} B): CUDA error {rc}")
+            except Exception as e:
+                _FAILED.append(f"{type(e).__name__}: {e}")
+                log.warning("tpflare.select_block: the block kernel did not compile (%s); the Triton row kernel "
+                            "serves its shapes", _FAILED[-1])
+                raise RuntimeError(f"tpflare.select_block: compile failed: {_FAILED[-1]}") from e
+            _KERNELS[key] = kern
+            log.info("tpflare.select_block: compiled the %d-thread tile on cuda:%d in %.2f s", threads, index,
+                     time.perf_counter() - t0)
+    return kern
+
+
+def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor | None = None,
+                 out_sc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
+
+    ``scores`` fp32 and ``ids`` int32 ``[Q, N]`` on the current CUDA device, rows contiguous
+    (a row stride is free), ``N <= MAX_N``, ``1 <= k <= MAX_K``: the caller
+    (``select_kernel.triton_ordered_select``) checks them."""
+    q, n = scores.shape
+    if out_ids is None:
+        out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
+    if out_sc is None:
+        out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
+    if q == 0:
+        return out_ids, out_sc
+    t = tile(n)
+    kern = compile_tile(t, scores.device.index)
+    kern(grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
+         args=[scores, ids, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0), out_ids.stride(0),
+               out_sc.stride(0)])
+    return out_ids, out_sc

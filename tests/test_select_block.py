@@ -1,0 +1,82 @@
+"""The block path's dispatch and its CUDA source, on any machine (the kernel's exactness runs on
+the GPU: tests/test_select_kernel_gpu.py, every test with a ``block`` case)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from tpflare.ops import select_block
+from tpflare.ops import select_kernel as sk
+
+
+def test_tiles_hold_their_rows():
+    assert [select_block.tile(n) for n in (0, 1, 4096, 4097, 8192, 8193, 16384)] == [256, 256, 256, 512, 512, 1024,
+                                                                                      1024]
+    with pytest.raises(ValueError, match="at most 16384"):
+        select_block.tile(16385)
+    assert select_block.supports(16384, 2048) and select_block.supports(0, 1)
+    assert not select_block.supports(16385, 1) and not select_block.supports(100, 0)
+    assert not select_block.supports(100, 2049)
+
+
+@pytest.fixture
+def block_runs(monkeypatch):
+    """The dispatcher as on a machine where the block path runs."""
+    monkeypatch.setattr(select_block, "available", lambda: True)
+    sk._first_call_plan.cache_clear()
+    yield
+    sk._first_call_plan.cache_clear()
+
+
+def test_dispatcher_takes_the_block_path_beyond_the_staged_rows(block_runs, monkeypatch):
+    assert sk.choose_path(5, 16384, 2048, 132) == "block"
+    assert sk.choose_path(4096, 100, 1, 132) == "block"
+    assert sk.choose_path(4, 16384, 2048, 132) == "staged"  # few rows: the staged path
+    assert sk.choose_path(8, 16385, 2048, 132) == "staged"  # beyond the block's rows: as before
+    assert sk.choose_path(64, 16385, 2048, 132) == "row"
+    assert sk.launch_plan(64, 9000, 1500) == ("block", 2048, 1024)
+    assert sk.launch_plan(64, 4000, 2048) == ("block", 2048, 256)
+    monkeypatch.setattr(sk, "BLOCK_PATH", False)
+    assert sk.choose_path(5, 16384, 2048, 132) == "row"
+
+
+def test_dispatcher_keeps_the_row_kernel_where_the_block_path_cannot_run(monkeypatch):
+    monkeypatch.setattr(select_block, "available", lambda: False)
+    assert sk.choose_path(64, 16384, 2048, 132) == "row"
+
+
+def test_block_path_refuses_what_it_does_not_take():
+    cases = [(dict(path="block", order="sort"), "no option"), (dict(path="block", refine=0), "no option"),
+             (dict(path="block", staged=dict(fuse=False)), "no option")]
+    s, i = torch.zeros(8, 100), torch.zeros(8, 100, dtype=torch.int32)
+    for kw, msg in cases:
+        with pytest.raises(ValueError, match=msg if os.environ.get("TRITON_INTERPRET") == "1" else "CUDA|no option"):
+            sk.triton_ordered_select(s, i, 5, **kw)
+    with pytest.raises(ValueError, match="CUDA|at most 16384"):
+        sk.triton_ordered_select(torch.zeros(8, 20000), torch.zeros(8, 20000, dtype=torch.int32), 5, path="block")
+
+
+def test_block_path_is_off_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine")
+    assert not select_block.available()
+    assert sk.choose_path(64, 16384, 2048, 132) == "row"
+
+
+@pytest.mark.parametrize("threads", select_block.TILES)
+def test_source_compiles_for_every_tile(tmp_path, threads):
+    """The kernel's CUDA source, as NVRTC gets it, compiles for sm_90 with nvcc, where nvcc is
+    installed (the GPU tests run it)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    src = tmp_path / "block.cu"
+    src.write_text(f"#define THREADS {threads}\n#define ITEMS {select_block.ITEMS}\n" + select_block.SOURCE)
+    out = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "b.cubin"), str(src)],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert "tpflare_select_rows" in out.stderr and "bytes smem" in out.stderr, out.stderr
