@@ -81,6 +81,7 @@ struct Smem {
   int mem[KMAX];  // the members in bucket order, then the winners in output order
   int wtot[32];
   u64 lo, hi, ph[3], pl[3];
+  u32 kmin[2], kmax[2];
   int pc[3], big, bin, above, eq, nvalid, wcount;
 };
 // dynamic shared memory (DYN_BYTES): the second level's key ranges (max, min) at each bucket's
@@ -96,17 +97,47 @@ __device__ __forceinline__ u32 order_key(int bits, int id) {
 }
 
 // The need-th largest key among the candidates in play (play: a bit a slot; 1 <= need <= their
-// count). Stops at the first digit whose bin holds exactly the candidates still wanted.
+// count, total). Stops at the first digit whose bin holds exactly the candidates still wanted.
 // Returns: T (the key's bits from shift sh up), sh, above (in play with key >> sh > T >> sh),
 // eq (in play with key >> sh == T >> sh); eq == need - above unless sh == 0 and keys tie.
-__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, int need, Smem& sm,
-                                             u32& T, int& sh, int& above, int& eq) {
+// narrow (0 or 1: a slot of sm.kmin / kmax, unused before; -1: none): first the smallest and the
+// largest key in play, and the passes start at the digit of the highest bit in which they differ
+// (the tie levels: ids and positions share their high bits, so their passes mostly start lower).
+__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, int need, int total, int narrow,
+                                             Smem& sm, u32& T, int& sh, int& above, int& eq) {
   const int lane = threadIdx.x & 31;
   u32 prefix = 0;
   above = 0;
   eq = 0;
   sh = 0;
-  for (int s = 24; s >= 0; s -= 8) {
+  int s0 = 24;
+  if (narrow >= 0) {
+    u32 mn = 0xFFFFFFFFu, mx = 0;
+#pragma unroll
+    for (int t = 0; t < ITEMS; ++t) {
+      if ((play >> t) & 1u) {
+        mn = min(mn, key[t]);
+        mx = max(mx, key[t]);
+      }
+    }
+    mn = __reduce_min_sync(FULL, mn);
+    mx = __reduce_max_sync(FULL, mx);
+    if (lane == 0) {
+      atomicMin(&sm.kmin[narrow], mn);
+      atomicMax(&sm.kmax[narrow], mx);
+    }
+    __syncthreads();
+    mn = sm.kmin[narrow];
+    mx = sm.kmax[narrow];
+    if (mn == mx) {  // every key in play equal
+      T = mn;
+      eq = total;
+      return;
+    }
+    s0 = ((31 - __clz(mn ^ mx)) >> 3) << 3;
+    prefix = (u32)(((u64)mn >> (s0 + 8)) << (s0 + 8));  // the bits all share, above the first digit
+  }
+  for (int s = s0; s >= 0; s -= 8) {
     for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
     __syncthreads();
 #pragma unroll
@@ -376,6 +407,8 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
       sm.pl[p] = ~0ull;
       sm.pc[p] = 0;
     }
+    sm.kmin[0] = sm.kmin[1] = 0xFFFFFFFFu;
+    sm.kmax[0] = sm.kmax[1] = 0;
   }
   for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;
   __syncthreads();
@@ -392,7 +425,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   int lvl = 0;  // 0: every valid candidate wins; else the levels run
   if (nsel > 0 && nsel < nvalid) {
     lvl = 1;
-    radix_select(u, valid, nsel, sm, T1, sh1, ab, eq);
+    radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq);
     int rem = nsel - ab;
     if (eq > rem) {  // a tie at the exact score key T1 (sh1 == 0)
       lvl = 2;
@@ -403,7 +436,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
         v[t] = 0x7FFFFFFFu - (u32)id[t];
         if (((valid >> t) & 1u) && u[t] == T1) play |= 1u << t;
       }
-      radix_select(v, play, rem, sm, T2, sh2, ab, eq);
+      radix_select(v, play, rem, eq, 0, sm, T2, sh2, ab, eq);
       rem -= ab;
       if (eq > rem) {  // duplicate ids at T1: by position
         lvl = 3;
@@ -414,7 +447,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
           w[t] = ~(u32)(t * THREADS + tid);
           if (((play >> t) & 1u) && v[t] == T2) play3 |= 1u << t;
         }
-        radix_select(w, play3, rem, sm, T3, sh3, ab, eq);
+        radix_select(w, play3, rem, eq, 1, sm, T3, sh3, ab, eq);
       }
     }
   }
