@@ -177,7 +177,7 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     ``STAGED_MAX_ROWS`` rows where it runs (``select_block.available()``: torch's NVRTC entry
     point; ``BLOCK_PATH``). H200, graph replay, k = 2048 (docs/benchmarks_select_kernel.md,
     session 22): 8-4096 rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row
-    kernel's time (64 x 16384: 24.2 against 30.1 µs; 1024 x 16384: 189 against 244); one row
+    kernel's time (64 x 16384: 24.2 against 30.1 µs; 1024 x 16384: 189-194 against 244); one row
     0.70-1.73x the staged path's (it runs on one SM; faster on a short context only), so up to
     ``STAGED_MAX_ROWS`` the staged path stays. Elsewhere, or where it does not run, the Triton
     kernels as below.
