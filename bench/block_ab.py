@@ -1,0 +1,94 @@
+"""A/B of the block path's kernel (ops/select_block.py): an older copy of the module against the
+working tree's, timed in one process (CUDA-graph replay), every cell checked bit for bit against
+the GPU tests' ``ref_packed``; then the new kernel fuzzed with ``tools/fuzz_select.py``'s
+generator (N capped at ``select_block.MAX_N``) against the same reference.
+
+    git show REF:ops/select_block.py > old_select_block.py
+    python3 bench/block_ab.py --old old_select_block.py --out ab.json [--fuzz-seconds 70]
+
+Figures: docs/benchmarks_select_kernel.md, session 22 (the tie levels narrowed).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from bench_select_kernel import make_inputs, time_graph  # noqa: E402
+import fuzz_select  # noqa: E402  (its generator, mismatch and the tests' ref_packed)
+
+from tpflare.ops import select_block as new  # noqa: E402
+
+CELLS = [(16384, 64), (16384, 1024), (16384, 4096), (8192, 1024), (4096, 1024)]
+
+
+def load_old(path: str):
+    spec = importlib.util.spec_from_file_location("select_block_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def exact(mod, sets, k) -> bool:
+    return all(fuzz_select.mismatch(mod.block_select(s, i, k), fuzz_select.ref_packed(s, i, k)) is None for s, i in sets)
+
+
+def fuzz(seconds: float, seed: int) -> dict:
+    rng = random.Random(seed)
+    t_end = time.time() + seconds
+    cases, bad = 0, []
+    while time.time() < t_end:
+        q, n, k = fuzz_select.draw_shape(rng, 1 << 22)
+        n = min(n, new.MAX_N)
+        q = max(1, min(q, (1 << 22) // n))
+        s, i, info = fuzz_select.make_inputs(q, n, k, rng.randrange(1 << 30), "cuda")
+        s, i = s.contiguous(), i.contiguous()
+        why = fuzz_select.mismatch(new.block_select(s, i, k), fuzz_select.ref_packed(s, i, k))
+        cases += 1
+        if why:
+            bad.append(dict(q=q, n=n, k=k, info=info, why=why))
+            print(f"MISMATCH q={q} n={n} k={k} {info}: {why}", flush=True)
+    return dict(cases=cases, mismatches=len(bad), first=bad[:5])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--old", required=True, help="an older copy of ops/select_block.py")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--patterns", default="random,ties,short")
+    ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--fuzz-seconds", type=float, default=60)
+    ap.add_argument("--seed", type=int, default=22)
+    a = ap.parse_args(argv)
+    old = load_old(a.old)
+    rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cells=[])
+    for n, q in CELLS:
+        for pat in a.patterns.split(","):
+            sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
+            cell = dict(n=n, q=q, pattern=pat)
+            for name, mod in (("old", old), ("new", new)):
+                cell[name + "_exact"] = exact(mod, sets, a.k)
+                cell[name] = time_graph(lambda s, i, m=mod: m.block_select(s, i, a.k), sets, 20, 10)
+            cell["topk"] = time_graph(lambda s, i: torch.topk(s, a.k, dim=1), sets, 20, 10)
+            print(f"{pat:6s} {q:5d} x {n:6d}  old {cell['old'] * 1e3:8.1f} us  new {cell['new'] * 1e3:8.1f}"
+                  f"  topk {cell['topk'] * 1e3:8.1f}  exact {cell['old_exact']} {cell['new_exact']}", flush=True)
+            rec["cells"].append(cell)
+    if a.fuzz_seconds:
+        rec["fuzz"] = fuzz(a.fuzz_seconds, a.seed)
+        print("fuzz:", {k: v for k, v in rec["fuzz"].items() if k != "first"}, flush=True)
+    with open(a.out, "w") as f:
+        json.dump(rec, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
