@@ -34,6 +34,12 @@ The kernel, one block of ``tile(n)`` threads a row:
 * Output: ids from the keys; score bits read again from the row at the winners' positions, so
   NaN payloads survive.
 
+Where it compiles: torch's NVRTC wrapper passes the CUDA toolkit's include directory, which it
+finds from ``CUDA_HOME`` (or ``CUDA_PATH``), ``nvcc`` on the path, or ``/usr/local/cuda``; on a
+machine with CUDA wheels and no toolkit it raises, and the first compile logs one warning naming
+why, turns the block path off for the process, and the Triton row kernel takes its shapes
+(``select_kernel.triton_ordered_select``). The kernel itself includes no header.
+
 No host synchronisation; capturable in a CUDA graph after a first, compiling call outside
 capture (as the Triton kernels). Shared memory: 42 KB static and ``DYN_BYTES`` dynamic a block,
 which needs the function's opt-in beyond 48 KB (``cuFuncSetAttribute``, set at compile).

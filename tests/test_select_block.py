@@ -80,3 +80,29 @@ def test_source_compiles_for_every_tile(tmp_path, threads):
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "tpflare_select_rows" in out.stderr and "bytes smem" in out.stderr, out.stderr
+
+
+def test_a_failed_compile_turns_the_block_path_off_with_one_warning(monkeypatch, caplog):
+    """torch's NVRTC wrapper raises where it finds no CUDA toolkit (OSError: CUDA_HOME is not
+    set, on a machine with CUDA wheels and no toolkit): compile_tile says why, once, in a
+    warning and a RuntimeError (which the dispatcher answers with the Triton row kernel,
+    tests/test_select_kernel_gpu.py), and the block path is off for the process."""
+    import contextlib
+    import logging
+
+    calls = []
+
+    def no_toolkit(src, name):
+        calls.append(name)
+        raise OSError("CUDA_HOME environment variable is not set")
+
+    monkeypatch.setattr(select_block, "_KERNELS", {})
+    monkeypatch.setattr(select_block, "_FAILED", [])
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", no_toolkit, raising=False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    with caplog.at_level(logging.WARNING, logger="tpflare.select_block"):
+        with pytest.raises(RuntimeError, match="compile failed: OSError: CUDA_HOME"):
+            select_block.compile_tile(256, device=0)
+    assert calls == ["tpflare_select_rows"]
+    assert "did not compile (OSError: CUDA_HOME" in caplog.text
+    assert not select_block.available()
