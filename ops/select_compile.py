@@ -2,7 +2,9 @@
 
 A call of ``select_kernel.triton_ordered_select`` launches one to four Triton kernels (the
 staged path: histogram, compact, the narrowing walk, the ordering), and the first call of a
-launch plan compiles each of them in turn, in the calling thread. Every launch of those modules
+launch plan compiles each of them in turn, in the calling thread. (The block path launches no
+Triton kernel: ``select_block`` compiles its CUDA function through NVRTC at its first call, or,
+inside ``collect``, when the call is collected.) Every launch of those modules
 goes through ``launch``. ``compile_in_parallel(calls)`` runs each call once with its launches
 collected instead of launched (the host code runs, nothing reaches the GPU but the workspace's
 allocations), then hands every collected kernel to Triton's ``warmup`` (compile, no launch)
