@@ -881,8 +881,9 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     ``scores`` fp32 ``[Q, N]`` and ``ids`` int32 ``[Q, N]`` (``-1`` = padding) on one CUDA
     device (it runs there: a device guard when that is not the current device). No host
     synchronisation; safe to capture in a CUDA graph (after a first, compiling call outside
-    capture). ``path``: ``"row"`` or ``"staged"`` (default
-    ``choose_path``). ``order``: the final ordering, ``"rank"`` or ``"sort"`` (default by Q,
+    capture). ``path``: ``"row"``, ``"staged"`` or ``"block"`` (rows of up to 16384
+    candidates; no option of the other paths) (default ``choose_path``; where it chose the block
+    path and that does not compile here, the call runs on the Triton kernels). ``order``: the final ordering, ``"rank"`` or ``"sort"`` (default by Q,
     ``radix.order_winners``). Tuning options of the row kernel: ``num_warps``, ``maxnreg``
     (Triton's cap on a thread's registers; default ``row_config``'s), ``chunk``,
     ``resident`` (keys in registers), ``radix_bits`` (digit width, 2..8, default 5), ``refine``
