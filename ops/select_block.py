@@ -46,13 +46,14 @@ which needs the function's opt-in beyond 48 KB (``cuFuncSetAttribute``, set at c
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 
 import torch
 
-__all__ = ["available", "supports", "tile", "block_select", "compile_tile", "MAX_N", "TILES"]
+__all__ = ["available", "supports", "tile", "source", "block_select", "compile_tile", "MAX_N", "TILES"]
 
 log = logging.getLogger("tpflare.select_block")
 
@@ -64,14 +65,9 @@ DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4  # the second level's key ranges and sub-b
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 SOURCE = r"""
-#ifndef THREADS
-#define THREADS 1024
-#endif
-#ifndef ITEMS
-#define ITEMS 16
-#endif
-#define KMAX 2048
+// THREADS, ITEMS, KMAX: defined before this text (source(threads))
 #define NB 2048  // buckets of the ordering
+static_assert(NB == 2048 && KMAX == 2048, "scan2048 scans the bucket and sub-bucket sizes, 2048 each");
 #define WPER ((KMAX + THREADS - 1) / THREADS)  // winners a thread at most
 #define FULL 0xffffffffu
 
@@ -90,9 +86,8 @@ struct Smem {
   u32 kmin[2], kmax[2];
   int pc[3], big, bin, above, eq, nvalid, wcount;
 };
-// dynamic shared memory (DYN_BYTES): the second level's key ranges (max, min) at each bucket's
-// output offset, and its sub-bucket sizes, then offsets
-#define DYN_BYTES (KMAX * 8 * 2 + KMAX * 4)
+// dynamic shared memory (the module's DYN_BYTES): the second level's key ranges (max, min) at each
+// bucket's output offset, and its sub-bucket sizes, then offsets
 
 // the unsigned order key of a score: larger comes first; invalid 0, NaN 1, -inf 0x007fffff
 __device__ __forceinline__ u32 order_key(int bits, int id) {
@@ -510,19 +505,27 @@ _LOCK = threading.Lock()
 _FAILED: list = []  # a compile that failed here: the reason (the block path then stays off)
 
 
-def available() -> bool:
-    """Whether the block path can run here: CUDA, torch's NVRTC entry point and its driver
-    library, and no earlier compile failure in this process."""
-    if _FAILED:
-        return False
+def _driver_library():
+    # torch's getter of the CUDA driver library (its name by torch version), or None
+    u = getattr(torch.cuda, "_utils", None)
+    return getattr(u, "_get_gpu_runtime_library", None) or getattr(u, "_get_cuda_library", None)
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_runs_it() -> bool:
+    # CUDA, torch's NVRTC entry point and its driver library: fixed for the process
     try:
         if not torch.cuda.is_available():
             return False
     except Exception:  # pragma: no cover - depends on the machine
         return False
-    u = getattr(torch.cuda, "_utils", None)
-    return hasattr(torch.cuda, "_compile_kernel") and u is not None and (
-        hasattr(u, "_get_gpu_runtime_library") or hasattr(u, "_get_cuda_library"))
+    return hasattr(torch.cuda, "_compile_kernel") and _driver_library() is not None
+
+
+def available() -> bool:
+    """Whether the block path can run here: CUDA, torch's NVRTC entry point and its driver
+    library, and no earlier compile failure in this process."""
+    return not _FAILED and _machine_runs_it()
 
 
 def supports(n: int, k: int) -> bool:
@@ -538,9 +541,9 @@ def tile(n: int) -> int:
     raise ValueError(f"the block path takes at most {MAX_N} candidates a row, got {n}")
 
 
-def _driver():
-    u = torch.cuda._utils
-    return (getattr(u, "_get_gpu_runtime_library", None) or u._get_cuda_library)()
+def source(threads: int) -> str:
+    """The kernel's CUDA source for a tile of ``threads``, as NVRTC compiles it."""
+    return f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n" + SOURCE
 
 
 def compile_tile(threads: int, device: int | None = None):
@@ -555,11 +558,10 @@ def compile_tile(threads: int, device: int | None = None):
         kern = _KERNELS.get(key)
         if kern is None:
             t0 = time.perf_counter()
-            src = f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n" + SOURCE
             try:
                 with torch.cuda.device(index):
-                    kern = torch.cuda._compile_kernel(src, "tpflare_select_rows")
-                    rc = _driver().cuFuncSetAttribute(kern.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    kern = torch.cuda._compile_kernel(source(threads), "tpflare_select_rows")
+                    rc = _driver_library()().cuFuncSetAttribute(kern.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       DYN_BYTES)
                 if rc != 0:
                     raise RuntimeError(f"cuFuncSetAttribute (dynamic shared memory {DYN_BYTES} B): CUDA error {rc}")
@@ -574,18 +576,15 @@ def compile_tile(threads: int, device: int | None = None):
     return kern
 
 
-def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, out_ids: torch.Tensor | None = None,
-                 out_sc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 and ``ids`` int32 ``[Q, N]`` on the current CUDA device, rows contiguous
     (a row stride is free), ``N <= MAX_N``, ``1 <= k <= MAX_K``: the caller
     (``select_kernel.triton_ordered_select``) checks them."""
     q, n = scores.shape
-    if out_ids is None:
-        out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
-    if out_sc is None:
-        out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
+    out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
+    out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
     if q == 0:
         return out_ids, out_sc
     t = tile(n)

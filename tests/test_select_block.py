@@ -75,7 +75,7 @@ def test_source_compiles_for_every_tile(tmp_path, threads):
     if nvcc is None:
         pytest.skip("no nvcc here")
     src = tmp_path / "block.cu"
-    src.write_text(f"#define THREADS {threads}\n#define ITEMS {select_block.ITEMS}\n" + select_block.SOURCE)
+    src.write_text(select_block.source(threads))
     out = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "b.cubin"), str(src)],
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
