@@ -99,6 +99,10 @@ GRIDS = {
     # the row-kernel tiles (select_kernel.row_config): rows of 4097..8192 (chunks until the 8192
     # tile: grid tile8k) and of 8193..16384 (registers), rows around 32768, the 4096 tile's warps
     # around FEW_ROWS_MAX; with --variants
+    # rows beyond a block's 16384 candidates on the block path (its chunks and their merge, session
+    # 23) against the row kernel and the staged path, with --variants --only block,block_c4k,block_c8k,row,staged
+    "block_long": [(n, q) for n in (20000, 24576, 32768, 65536, 131072) for q in (5, 8, 64, 256, 1024)]
+    + [(n, q) for n in (20000, 32768, 131072) for q in (1, 4)],
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
@@ -230,15 +234,25 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
         for w in (4, 8, 16):
             v[f"row_s4k_w{w}"] = dict(resident=False, num_warps=w, chunk=256 * w, sample=2048, sample_cap=4096)
         v["row_s1k_w4"] = dict(resident=False, num_warps=4, chunk=1024, sample=1024, sample_cap=4096)
-    if n <= 16384:  # the block path (select_block): rows of up to 16384 candidates
+    from tpflare.ops import select_block
+
+    if n <= select_block.MAX_N:  # the block path (select_block): a block a row, or its chunks' and their merge's
         v["block"] = dict(path="block")
+        for c in (4096, 8192):  # shorter chunks than select_block.chunking's default (more blocks a row)
+            if c < n and -(-n // c) * min(k, c) <= select_block.TILE_N:
+                v[f"block_c{c // 1024}k"] = dict(path="block", block_chunk=c)
     return v
 
 
 def select_with(sk, scores, ids, k, kw: dict):
     """triton_ordered_select with a variant's options; its ``consts`` (module constants of
-    select_kernel, such as SPREAD_WARPS) set for the call (the launches read them), then restored."""
+    select_kernel, such as SPREAD_WARPS) set for the call (the launches read them), then restored;
+    ``block_chunk``: select_block.block_select with that chunk."""
     kw = dict(kw)
+    if "block_chunk" in kw:
+        from tpflare.ops import select_block
+
+        return select_block.block_select(scores, ids, k, chunk=kw["block_chunk"])
     consts = kw.pop("consts", {})
     saved = {c: getattr(sk, c) for c in consts}
     try:

@@ -1,10 +1,13 @@
 """A/B of the block path's kernel (ops/select_block.py): an older copy of the module against the
 working tree's, timed in one process (CUDA-graph replay), every cell checked bit for bit against
 the GPU tests' ``ref_packed``; then the new kernel fuzzed with ``tools/fuzz_select.py``'s
-generator (N capped at ``select_block.MAX_N``) against the same reference.
+generator (N capped at ``select_block.MAX_N``; a third of the cases in shorter chunks than the
+default, where the merge holds them) against the same reference.
 
     git show REF:ops/select_block.py > old_select_block.py
-    python3 bench/block_ab.py --old old_select_block.py --out ab.json [--fuzz-seconds 70]
+    python3 bench/block_ab.py --old old_select_block.py [--old variant.py ...] --out ab.json [--fuzz-seconds 70]
+
+With one ``--old`` its column is ``old``; with several, each is named by its file.
 
 Figures: docs/benchmarks_select_kernel.md, session 22 (the tie levels narrowed).
 """
@@ -45,42 +48,52 @@ def exact(mod, sets, k) -> bool:
 def fuzz(seconds: float, seed: int) -> dict:
     rng = random.Random(seed)
     t_end = time.time() + seconds
-    cases, bad = 0, []
+    cases, chunked, bad = 0, 0, []
     while time.time() < t_end:
         q, n, k = fuzz_select.draw_shape(rng, 1 << 22)
         n = min(n, new.MAX_N)
         q = max(1, min(q, (1 << 22) // n))
         s, i, info = fuzz_select.make_inputs(q, n, k, rng.randrange(1 << 30), "cuda")
         s, i = s.contiguous(), i.contiguous()
-        why = fuzz_select.mismatch(new.block_select(s, i, k), fuzz_select.ref_packed(s, i, k))
+        chunk = None  # a third of the cases: the row in shorter chunks than the default, where the merge holds them
+        if n > 1 and rng.random() < 1 / 3:
+            chunk = rng.randrange(1, min(n, new.TILE_N) + 1)
+            try:
+                new.chunking(n, k, chunk)
+            except ValueError:
+                chunk = None
+        why = fuzz_select.mismatch(new.block_select(s, i, k, chunk=chunk), fuzz_select.ref_packed(s, i, k))
         cases += 1
+        chunked += new.chunking(n, k, chunk)[0] > 1
         if why:
-            bad.append(dict(q=q, n=n, k=k, info=info, why=why))
-            print(f"MISMATCH q={q} n={n} k={k} {info}: {why}", flush=True)
-    return dict(cases=cases, mismatches=len(bad), first=bad[:5])
+            bad.append(dict(q=q, n=n, k=k, chunk=chunk, info=info, why=why))
+            print(f"MISMATCH q={q} n={n} k={k} chunk={chunk} {info}: {why}", flush=True)
+    return dict(cases=cases, chunked=chunked, mismatches=len(bad), first=bad[:5])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--old", required=True, help="an older copy of ops/select_block.py")
+    ap.add_argument("--old", required=True, action="append",
+                    help="an older copy (or a variant) of ops/select_block.py; again for more")
     ap.add_argument("--out", required=True)
     ap.add_argument("--patterns", default="random,ties,short")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--fuzz-seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=22)
     a = ap.parse_args(argv)
-    old = load_old(a.old)
-    rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cells=[])
+    olds = {("old" if len(a.old) == 1 else os.path.splitext(os.path.basename(p))[0]): load_old(p) for p in a.old}
+    rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, old=a.old, cells=[])
     for n, q in CELLS:
         for pat in a.patterns.split(","):
             sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
             cell = dict(n=n, q=q, pattern=pat)
-            for name, mod in (("old", old), ("new", new)):
+            for name, mod in list(olds.items()) + [("new", new)]:
                 cell[name + "_exact"] = exact(mod, sets, a.k)
                 cell[name] = time_graph(lambda s, i, m=mod: m.block_select(s, i, a.k), sets, 20, 10)
             cell["topk"] = time_graph(lambda s, i: torch.topk(s, a.k, dim=1), sets, 20, 10)
-            print(f"{pat:6s} {q:5d} x {n:6d}  old {cell['old'] * 1e3:8.1f} us  new {cell['new'] * 1e3:8.1f}"
-                  f"  topk {cell['topk'] * 1e3:8.1f}  exact {cell['old_exact']} {cell['new_exact']}", flush=True)
+            times = "  ".join(f"{name} {cell[name] * 1e3:8.1f}" for name in list(olds) + ["new", "topk"])
+            exact_all = " ".join(str(cell[name + "_exact"]) for name in list(olds) + ["new"])
+            print(f"{pat:6s} {q:5d} x {n:6d}  {times} us  exact {exact_all}", flush=True)
             rec["cells"].append(cell)
     if a.fuzz_seconds:
         rec["fuzz"] = fuzz(a.fuzz_seconds, a.seed)

@@ -53,19 +53,25 @@ import time
 
 import torch
 
-__all__ = ["available", "supports", "tile", "source", "block_select", "compile_tile", "MAX_N", "TILES"]
+__all__ = ["available", "supports", "tile", "chunking", "plan_kernels", "source", "block_select", "compile_tile",
+           "KINDS", "MAX_N", "TILE_N", "TILES"]
 
 log = logging.getLogger("tpflare.select_block")
 
 ITEMS = 16  # candidates a thread
 TILES = (256, 512, 1024)  # threads a block: rows of up to ITEMS x threads candidates
-MAX_N = ITEMS * TILES[-1]
+TILE_N = ITEMS * TILES[-1]  # a block's candidates at most
+MAX_CHUNKS = 8  # a longer row: its chunks' winners merged by one more block (chunks x k <= TILE_N)
+MAX_N = MAX_CHUNKS * TILE_N
 MAX_K = 2048
 DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4  # the second level's key ranges and sub-bucket sizes
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 SOURCE = r"""
-// THREADS, ITEMS, KMAX: defined before this text (source(threads))
+// THREADS, ITEMS, KMAX, and MODE of POS_IN 1 and UNORDERED 2: defined before this text (source(threads, kind))
+#if !defined(MODE) || !defined(POS_IN) || !defined(UNORDERED) || POS_IN != 1 || UNORDERED != 2
+#error "source(threads, kind) defines MODE, POS_IN and UNORDERED"
+#endif
 #define NB 2048  // buckets of the ordering
 static_assert(NB == 2048 && KMAX == 2048, "scan2048 scans the bucket and sub-bucket sizes, 2048 each");
 #define WPER ((KMAX + THREADS - 1) / THREADS)  // winners a thread at most
@@ -84,7 +90,8 @@ struct Smem {
   int wtot[32];
   u64 lo, hi, ph[3], pl[3];
   u32 kmin[2], kmax[2];
-  int pc[3], big, bin, above, eq, nvalid, wcount;
+  int pc[3], big, bin, above, eq, nvalid, ninf, nnan, wcount;
+  u32 pmin, pmax;
 };
 // dynamic shared memory (the module's DYN_BYTES): the second level's key ranges (max, min) at each
 // bucket's output offset, and its sub-bucket sizes, then offsets
@@ -140,14 +147,41 @@ __device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, 
   }
   for (int s = s0; s >= 0; s -= 8) {
     for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
+    if (threadIdx.x == 0) {
+      sm.pmin = 0xFFFFFFFFu;
+      sm.pmax = 0;
+    }
     __syncthreads();
+    // the 1024-thread tile: also the smallest and the largest key in play (all equal: a tie at the
+    // cutoff, and no pass after this one). H200 (session 23, bench/block_ab.py): there mass ties took
+    // 0.90-0.94x the time and random scores 1.02-1.04x; the 256 and 512 tiles took 0.98-1.05x
+    const bool span = THREADS == 1024;
+    u32 mn = 0xFFFFFFFFu, mx = 0;
 #pragma unroll
     for (int t = 0; t < ITEMS; ++t) {
       bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));
       int b = in ? (int)((key[t] >> s) & 255u) : 256;
-      if (in) atomicAdd(&sm.hist[b], 1);
+      if (in) {
+        atomicAdd(&sm.hist[b], 1);
+        if (span) {
+          mn = min(mn, key[t]);
+          mx = max(mx, key[t]);
+        }
+      }
+    }
+    if (span) {
+      mn = __reduce_min_sync(FULL, mn);
+      mx = __reduce_max_sync(FULL, mx);
+      if (lane == 0 && mn <= mx) {
+        atomicMin(&sm.pmin, mn);
+        atomicMax(&sm.pmax, mx);
+      }
     }
     __syncthreads();
+    if (span) {
+      mn = sm.pmin;  // (read before the barrier below: the next pass resets them after it)
+      mx = sm.pmax;
+    }
     if (threadIdx.x < 32) {  // the bin of the (need - above)-th largest: lane l holds bins 255 - 8l - j
       int c[8];
       int tot = 0;
@@ -182,6 +216,11 @@ __device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, 
     eq = sm.eq;
     sh = s;
     if (eq == need - above) break;  // the whole bin is wanted
+    if (span && mn == mx) {  // every key in play equal (a tie at the cutoff): its bin is that key
+      prefix = mn;
+      sh = 0;
+      break;
+    }
   }
   T = prefix;
 }
@@ -246,7 +285,7 @@ __device__ int scan2048(int* a, Smem& sm) {
 // bucket still holds more than SPLIT, every bucket splits again over its own key range into as
 // many sub-buckets as it holds (radix.split_buckets'); a winner's rank in its (sub-)bucket
 // counts the members before it.
-__device__ void order_winners(Smem& sm, u64* dyn, int nsel) {
+__device__ void order_winners(Smem& sm, u64* dyn, int nsel, const int* __restrict__ prow) {
   const int tid = threadIdx.x, lane = tid & 31;
   u64 mn = ~0ull, mx = 0;
   for (int i = tid; i < nsel; i += THREADS) {
@@ -357,7 +396,11 @@ __device__ void order_winners(Smem& sm, u64* dyn, int nsel) {
       for (int t = o; t < end; ++t) {
         int j = sm.mem[t];
         i64 kj = sm.wkey[j];
+#if MODE & POS_IN  // (equal keys: a duplicate id; then the candidates' positions in the row)
+        r += (kj > kk || (kj == kk && __ldg(prow + sm.wpos[j]) < __ldg(prow + pp))) ? 1 : 0;
+#else
         r += (kj > kk || (kj == kk && sm.wpos[j] < pp)) ? 1 : 0;
+#endif
       }
       rank[w] = o + r;
     }
@@ -371,21 +414,36 @@ __device__ void order_winners(Smem& sm, u64* dyn, int nsel) {
   __syncthreads();
 }
 
+#define KEY_NEGINF 0x007FFFFFu  // order_key of -inf (the pad's score)
+#define KEY_NAN 1u
+
+// MODE (defined before this text, like POS_IN and UNORDERED; 0: a block a row, ordered output, positions the
+// candidates' indices): UNORDERED: block (x, y) selects in row x's candidates [y * chunk, min(N, (y + 1) * chunk))
+// and writes its first min(K, its valid) winners in no order to slots [y * K, y * K + K) of the output
+// rows, their positions in the row to out_pos (pads: id -1, score -inf, position 0). POS_IN: a
+// candidate's position in the row is pos_in's (the merge of chunks' winners), the output ordered.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* __restrict__ out_ids,
-            float* __restrict__ out_sc, int N, int K, int s_sq, int s_iq, int s_oi, int s_os) {
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,
+                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, int N, int K,
+                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {
+  constexpr int mode = MODE;
   __shared__ Smem sm;
   extern __shared__ u64 dyn[];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const i64 row = blockIdx.x;
-  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
-  const int* irow = ids + row * s_iq;
+  const int base = (mode & UNORDERED) ? blockIdx.y * chunk : 0;
+  if (mode & UNORDERED) N = min(chunk, N - base);
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq + base;
+  const int* irow = ids + row * s_iq + base;
+  const int* prow = pos_in + row * s_pq + base;
+  // a candidate's position in the row (the last tie-break), from its index in this block's chunk
+  auto position = [&](int p) -> int { return (mode & POS_IN) ? __ldg(prow + p) : base + p; };
 
   u32 u[ITEMS];
   int id[ITEMS];
   u32 valid = 0;
-  int nv = 0;
+  int nv = 0, ninf = 0, nnan = 0;
 #pragma unroll
   for (int t = 0; t < ITEMS; ++t) {
     int p = t * THREADS + tid;
@@ -395,10 +453,14 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
     if (id[t] >= 0) {
       valid |= 1u << t;
       ++nv;
+      ninf += u[t] == KEY_NEGINF;
+      nnan += u[t] == KEY_NAN;
     }
   }
   if (tid == 0) {
     sm.nvalid = 0;
+    sm.ninf = 0;
+    sm.nnan = 0;
     sm.wcount = 0;
     sm.lo = ~0ull;
     sm.hi = 0;
@@ -414,7 +476,13 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;
   __syncthreads();
   nv = __reduce_add_sync(FULL, nv);
-  if (lane == 0 && nv) atomicAdd(&sm.nvalid, nv);
+  ninf = __reduce_add_sync(FULL, ninf);
+  nnan = __reduce_add_sync(FULL, nnan);
+  if (lane == 0 && nv) {
+    atomicAdd(&sm.nvalid, nv);
+    if (ninf) atomicAdd(&sm.ninf, ninf);
+    if (nnan) atomicAdd(&sm.nnan, nnan);
+  }
   __syncthreads();
   const int nvalid = sm.nvalid;
   const int nsel = min(K, nvalid);
@@ -426,7 +494,14 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   int lvl = 0;  // 0: every valid candidate wins; else the levels run
   if (nsel > 0 && nsel < nvalid) {
     lvl = 1;
-    radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq);
+    const int over = nvalid - sm.ninf - sm.nnan;  // above -inf
+    if (over < nsel && nsel <= over + sm.ninf) {  // the cutoff at -inf (a short context's pads): no passes
+      T1 = KEY_NEGINF;
+      ab = over;
+      eq = sm.ninf;
+    } else {
+      radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq);
+    }
     int rem = nsel - ab;
     if (eq > rem) {  // a tie at the exact score key T1 (sh1 == 0)
       lvl = 2;
@@ -445,8 +520,11 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
         u32 play3 = 0;
 #pragma unroll
         for (int t = 0; t < ITEMS; ++t) {
-          w[t] = ~(u32)(t * THREADS + tid);
-          if (((play >> t) & 1u) && v[t] == T2) play3 |= 1u << t;
+          w[t] = 0;
+          if (((play >> t) & 1u) && v[t] == T2) {
+            play3 |= 1u << t;
+            w[t] = ~(u32)position(t * THREADS + tid);
+          }
         }
         radix_select(w, play3, rem, eq, 1, sm, T3, sh3, ab, eq);
       }
@@ -466,7 +544,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
         } else {
           u32 vt = 0x7FFFFFFFu - (u32)id[t];
           int c2 = cmp_at(vt, T2, sh2);
-          win = c2 > 0 || (c2 == 0 && (lvl == 2 || cmp_at(~(u32)(t * THREADS + tid), T3, sh3) >= 0));
+          win = c2 > 0 || (c2 == 0 && (lvl == 2 || cmp_at(~(u32)position(t * THREADS + tid), T3, sh3) >= 0));
         }
       }
     }
@@ -482,8 +560,26 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   }
   __syncthreads();
 
+  if (mode & UNORDERED) {  // a chunk's winners as they came, with their positions (a merge's input)
+    int* orow = out_ids + row * s_oi + blockIdx.y * K;
+    int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os + blockIdx.y * K;
+    int* oprow = out_pos + row * s_op + blockIdx.y * K;
+    for (int r = tid; r < K; r += THREADS) {
+      int oid = -1, bits = (int)0xFF800000, op = 0;
+      if (r < nsel) {
+        oid = 0x7FFFFFFF - (int)(sm.wkey[r] & 0x7FFFFFFF);
+        bits = __ldg(srow + sm.wpos[r]);
+        op = position(sm.wpos[r]);
+      }
+      orow[r] = oid;
+      osrow[r] = bits;
+      oprow[r] = op;
+    }
+    return;
+  }
+
   // the ordering (order_winners)
-  if (nsel > 0) order_winners(sm, dyn, nsel);
+  if (nsel > 0) order_winners(sm, dyn, nsel, prow);
 
   int* orow = out_ids + row * s_oi;
   int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os;
@@ -500,7 +596,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
 }
 """
 
-_KERNELS: dict = {}  # (device index, threads) -> compiled function
+_KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
 _LOCK = threading.Lock()
 _FAILED: list = []  # a compile that failed here: the reason (the block path then stays off)
 
@@ -534,23 +630,55 @@ def supports(n: int, k: int) -> bool:
 
 
 def tile(n: int) -> int:
-    """Threads a block for rows of ``n`` candidates: the smallest tile that holds them."""
+    """Threads a block for ``n`` candidates: the smallest tile that holds them."""
     for t in TILES:
         if n <= ITEMS * t:
             return t
-    raise ValueError(f"the block path takes at most {MAX_N} candidates a row, got {n}")
+    raise ValueError(f"a block takes at most {TILE_N} candidates, got {n}")
 
 
-def source(threads: int) -> str:
-    """The kernel's CUDA source for a tile of ``threads``, as NVRTC compiles it."""
-    return f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n" + SOURCE
+def chunking(n: int, k: int, chunk: int | None = None) -> tuple[int, int, int]:
+    """How a row of ``n`` candidates is cut: ``(chunks, chunk, kc)``. One chunk: one block a row
+    gives the ordered output. Several: a block a chunk keeps its ``kc = min(k, chunk)`` best in
+    no order, and one block a row orders the best ``k`` of their ``chunks x kc`` (exact: the
+    best ``k`` of a row are among its chunks' best ``k``). ``chunk``: candidates a chunk
+    (default: the row in the fewest chunks of at most ``TILE_N``, of equal size)."""
+    if chunk is None:
+        chunks = max(1, -(-n // TILE_N))
+        chunk = max(1, -(-n // chunks))
+    chunk = int(chunk)
+    if not 1 <= chunk <= TILE_N:
+        raise ValueError(f"chunk must be in 1..{TILE_N}, got {chunk}")
+    chunks = max(1, -(-n // chunk))
+    kc = min(k, chunk)
+    if chunks > 1 and chunks * kc > TILE_N:
+        raise ValueError(f"{chunks} chunks of {chunk} keep {chunks * kc} candidates for the merge, more than a "
+                         f"block's {TILE_N}: use longer chunks")
+    return chunks, chunk, kc
 
 
-def compile_tile(threads: int, device: int | None = None):
-    """The compiled kernel of a tile on a device (the current one by default), compiled once a
-    process. Raises RuntimeError where the compile fails; ``available()`` is False after."""
+KINDS = {"row": 0, "chunks": 2, "merge": 1}  # the kernel's kinds: SOURCE's MODE (UNORDERED 2, POS_IN 1)
+
+
+def plan_kernels(n: int, k: int, chunk: int | None = None) -> tuple[tuple[str, int], ...]:
+    """The kernels a call runs, as ``(kind, threads)``: ``(("row", tile),)`` for a row in one block,
+    else ``(("chunks", chunk's tile), ("merge", merge's tile))``."""
+    chunks, chunk, kc = chunking(n, k, chunk)
+    return (("row", tile(n)),) if chunks == 1 else (("chunks", tile(chunk)), ("merge", tile(chunks * kc)))
+
+
+def source(threads: int, kind: str = "row") -> str:
+    """The kernel's CUDA source for a tile of ``threads`` and a kind (``KINDS``), as NVRTC
+    compiles it."""
+    return (f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n"
+            f"#define POS_IN 1\n#define UNORDERED 2\n#define MODE {KINDS[kind]}\n" + SOURCE)
+
+
+def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
+    """The compiled kernel of a tile and kind on a device (the current one by default), compiled
+    once a process. Raises RuntimeError where the compile fails; ``available()`` is False after."""
     index = torch.cuda.current_device() if device is None else int(device)
-    key = (index, int(threads))
+    key = (index, int(threads), kind)
     kern = _KERNELS.get(key)
     if kern is not None:
         return kern
@@ -560,7 +688,7 @@ def compile_tile(threads: int, device: int | None = None):
             t0 = time.perf_counter()
             try:
                 with torch.cuda.device(index):
-                    kern = torch.cuda._compile_kernel(source(threads), "tpflare_select_rows")
+                    kern = torch.cuda._compile_kernel(source(threads, kind), "tpflare_select_rows")
                     rc = _driver_library()().cuFuncSetAttribute(kern.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       DYN_BYTES)
                 if rc != 0:
@@ -571,25 +699,43 @@ def compile_tile(threads: int, device: int | None = None):
                             "serves its shapes", _FAILED[-1])
                 raise RuntimeError(f"tpflare.select_block: compile failed: {_FAILED[-1]}") from e
             _KERNELS[key] = kern
-            log.info("tpflare.select_block: compiled the %d-thread tile on cuda:%d in %.2f s", threads, index,
-                     time.perf_counter() - t0)
+            log.info("tpflare.select_block: compiled the %d-thread %s kernel on cuda:%d in %.2f s", threads, kind,
+                     index, time.perf_counter() - t0)
     return kern
 
 
-def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 and ``ids`` int32 ``[Q, N]`` on the current CUDA device, rows contiguous
     (a row stride is free), ``N <= MAX_N``, ``1 <= k <= MAX_K``: the caller
-    (``select_kernel.triton_ordered_select``) checks them."""
+    (``select_kernel.triton_ordered_select``) checks them. ``chunk``: see ``chunking`` (rows of
+    more than ``TILE_N`` candidates, or a shorter ``chunk``, run in two launches: the chunks'
+    best, then their merge)."""
     q, n = scores.shape
-    out_ids = torch.empty((q, k), dtype=torch.int32, device=scores.device)
-    out_sc = torch.empty((q, k), dtype=torch.float32, device=scores.device)
+    dev = scores.device
+    out_ids = torch.empty((q, k), dtype=torch.int32, device=dev)
+    out_sc = torch.empty((q, k), dtype=torch.float32, device=dev)
     if q == 0:
         return out_ids, out_sc
-    t = tile(n)
-    kern = compile_tile(t, scores.device.index)
-    kern(grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
-         args=[scores, ids, out_ids, out_sc, n, k, scores.stride(0), ids.stride(0), out_ids.stride(0),
-               out_sc.stride(0)])
+    chunks, chunk, kc = chunking(n, k, chunk)
+    if chunks == 1:
+        t = tile(n)
+        compile_tile(t, dev.index)(
+            grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
+            args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
+                  out_ids.stride(0), out_sc.stride(0), 0])
+        return out_ids, out_sc
+    m = chunks * kc  # the merge's candidates a row
+    w_ids = torch.empty((q, m), dtype=torch.int32, device=dev)
+    w_sc = torch.empty((q, m), dtype=torch.float32, device=dev)
+    w_pos = torch.empty((q, m), dtype=torch.int32, device=dev)
+    t1, t2 = tile(chunk), tile(m)
+    compile_tile(t1, dev.index, "chunks")(  # (no ordering: no dynamic shared memory)
+        grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
+        args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, m, m, m])
+    compile_tile(t2, dev.index, "merge")(
+        grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
+        args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, m, m, m, out_ids.stride(0), out_sc.stride(0), 0])
     return out_ids, out_sc

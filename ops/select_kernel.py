@@ -17,10 +17,11 @@ ones is a pad, whatever score the invalid candidate carried.
 
 Three paths, chosen by ``choose_path`` (the one dispatcher; measured on an H200, graph replay):
 the *staged* path of ``select_staged.py`` (each row spread over many programs; up to 4 rows, and
-up to 8 rows of 16385..24576 candidates), the *block* path of ``select_block.py`` (one CUDA
-thread block a row, compiled by NVRTC; beyond 4 rows of up to 16384 candidates, where it runs)
-and the *row* kernel of this module (one program a row: the rest, and the block path's shapes
-where it does not run).
+up to 8 rows of 16385..24576 candidates where the block path does not run), the *block* path of
+``select_block.py`` (CUDA thread blocks compiled by NVRTC, where it runs: beyond 4 rows, one a row
+of up to 16384 candidates; a longer row in chunks, a block each, and one block merging their best,
+up to 8 rows or 2 chunks) and the *row* kernel of this module (one program a row: the rest, and
+the block path's shapes where it does not run).
 
 Row kernel design (one program per row, no host synchronisation, CUDA-graph capturable):
 
@@ -137,6 +138,9 @@ ORDER_BUCKETS = 2  # the row kernel's ordering (radix.order_row) spreads its KB 
 # (select_compile.compile_in_parallel); False: one after another as they launch
 PARALLEL_COMPILE = True
 BLOCK_PATH = True  # choose_path takes the block path (select_block) where it runs and holds the row
+BLOCK_LONG = (8, 2)  # choose_path: the block path for rows beyond a block up to 8 rows, or in at most 2 chunks
+BLOCK_SHORT_CHUNK = 8192  # block_chunk: chunks this short where the row's chunks make at most
+BLOCK_SHORT_WAVES = 2  # this many blocks an SM (more blocks in flight at few rows)
 _WARMED: set = set()  # (device, launch plan, options) whose kernels a first call warmed
 
 try:  # Triton is optional: the module must import on CPU-only machines.
@@ -173,14 +177,20 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     """The staged path (a row over many programs), the block path (``select_block``: one CUDA
     thread block a row) or the one-program-a-row Triton kernel.
 
-    The block path takes rows of up to ``select_block.MAX_N`` (16384) candidates beyond
-    ``STAGED_MAX_ROWS`` rows where it runs (``select_block.available()``: torch's NVRTC entry
-    point; ``BLOCK_PATH``). H200, graph replay, k = 2048 (docs/benchmarks_select_kernel.md,
-    session 22): 8-4096 rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row
-    kernel's time (64 x 16384: 24.2 against 30.1 µs; 1024 x 16384: 189-194 against 244); one row
-    0.70-1.73x the staged path's (it runs on one SM; faster on a short context only), so up to
-    ``STAGED_MAX_ROWS`` the staged path stays. Elsewhere, or where it does not run, the Triton
-    kernels as below.
+    The block path takes rows beyond ``STAGED_MAX_ROWS`` rows where it runs
+    (``select_block.available()``: torch's NVRTC entry point; ``BLOCK_PATH``): rows of up to
+    16384 candidates (one block a row), and longer rows (their chunks, then a merge:
+    ``select_block.chunking``, ``block_chunk``) up to ``BLOCK_LONG`` = (8 rows, or 2 chunks).
+    H200, graph replay, k = 2048 (docs/benchmarks_select_kernel.md, sessions 22 and 23): 8-4096
+    rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row kernel's time (64 x
+    16384: 24.2 against 30.1 µs; 1024 x 16384: 189-194 against 244); one row 0.70-1.73x the
+    staged path's (it runs on one SM; faster on a short context only), so up to
+    ``STAGED_MAX_ROWS`` the staged path stays. Longer rows (session 23, ``--grid block_long``):
+    at 5-8 rows of 20000-131072, 31-64 µs against the row kernel's 39-89 and the staged path's
+    38-118; at 64-1024 rows of 20000-32768 (two chunks) 0.73-1.09x the row kernel's time
+    (random, short; mass ties 0.96-1.09x); at 64 rows and more of 65536 and 131072 the row kernel
+    takes 0.5-0.9x the block path's (its sampled cutoff reads the row once), so it keeps them.
+    Elsewhere, or where the block path does not run, the Triton kernels as below.
 
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
     serving runs the selection): the staged path is faster up to 4 rows; beyond, its global
@@ -205,9 +215,25 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     if q <= STAGED_MAX_ROWS:
         return "staged"
     if BLOCK_PATH and select_block.supports(n, k) and select_block.available():
-        return "block"
+        rows, chunks = BLOCK_LONG
+        if n <= select_block.TILE_N or q <= rows or select_block.chunking(n, k)[0] <= chunks:
+            return "block"
     rows, n_max = STAGED_LONG_ROWS
     return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k, n_sm: unused)
+
+
+def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:
+    """The block path's chunk for rows beyond a block (``select_block.chunking``): None (the
+    fewest chunks, 16384 at most), or ``BLOCK_SHORT_CHUNK`` where the row's chunks of that size
+    make at most ``BLOCK_SHORT_WAVES`` blocks an SM and their merge holds their best. H200, graph
+    replay, k = 2048 (session 23, ``--grid block_long --variants``): chunks of 8192 at 5-64 rows
+    of 20000-65536 took 0.74-0.94x the time of the fewest chunks; at 256 rows and more, 1.0-1.3x."""
+    if n <= select_block.TILE_N:
+        return None
+    chunks = -(-n // BLOCK_SHORT_CHUNK)
+    if q * chunks <= BLOCK_SHORT_WAVES * n_sm and chunks * min(k, BLOCK_SHORT_CHUNK) <= select_block.TILE_N:
+        return BLOCK_SHORT_CHUNK
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -846,8 +872,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     with one plan share every compiled kernel (the shapes themselves are runtime values)."""
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
-    if path == "block":  # one NVRTC function a tile
-        return (path, kb, select_block.tile(n))
+    if path == "block":  # one NVRTC function a tile: the row's, or its chunks' and their merge's
+        return (path, kb) + select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm))
     if path == "row":  # the row kernel orders its own winners
         cfg = row_config(n, q)
         smp = sample_config(n, cfg[3])
@@ -938,19 +964,19 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
     if path == "block":
         if any(o is not None for o in row_opts) or staged or order is not None:
             raise ValueError("path='block' takes no option of the row or staged path, nor an order")
-        if not select_block.supports(n, k):
-            raise ValueError(f"path='block' takes rows of at most {select_block.MAX_N} candidates, got {n}")
         if scores.device.type != "cuda":
             raise ValueError("path='block' needs CUDA tensors (the interpreter runs Triton kernels only)")
         chosen = given["path"] is None
         try:
             if collecting():  # a parallel compile of plans (precompile): the block kernel compiles now (NVRTC)
                 if q > 0:
-                    select_block.compile_tile(select_block.tile(n), scores.device.index)
+                    for kind, t in select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm)):
+                        select_block.compile_tile(t, scores.device.index, kind)
                 return (torch.empty((q, k), dtype=torch.int32, device=scores.device),
                         torch.empty((q, k), dtype=torch.float32, device=scores.device))
             return select_block.block_select(scores if scores.stride(1) == 1 else scores.contiguous(),
-                                             ids if ids.stride(1) == 1 else ids.contiguous(), k)
+                                             ids if ids.stride(1) == 1 else ids.contiguous(), k,
+                                             chunk=block_chunk(q, n, k, n_sm))
         except RuntimeError:
             if not chosen or select_block.available():
                 raise

@@ -18,9 +18,39 @@ def test_tiles_hold_their_rows():
                                                                                       1024]
     with pytest.raises(ValueError, match="at most 16384"):
         select_block.tile(16385)
-    assert select_block.supports(16384, 2048) and select_block.supports(0, 1)
-    assert not select_block.supports(16385, 1) and not select_block.supports(100, 0)
+    assert select_block.MAX_N == sk.MAX_CANDIDATES == 131072  # (triton_ordered_select's bound is the block path's)
+    assert select_block.supports(131072, 2048) and select_block.supports(16385, 1) and select_block.supports(0, 1)
+    assert not select_block.supports(131073, 1) and not select_block.supports(100, 0)
     assert not select_block.supports(100, 2049)
+
+
+def test_long_rows_are_cut_into_chunks_a_merge_holds():
+    """Rows beyond a block's 16384 candidates: the fewest chunks of equal size, each keeping its
+    best min(k, chunk) for one merge block (at most 16384 candidates: 8 chunks of k = 2048)."""
+    assert select_block.chunking(16384, 2048) == (1, 16384, 2048)
+    assert select_block.chunking(16385, 2048) == (2, 8193, 2048)
+    assert select_block.chunking(131072, 2048) == (8, 16384, 2048)
+    assert select_block.chunking(100000, 5) == (7, 14286, 5)
+    assert select_block.chunking(0, 7) == (1, 1, 1)
+    assert select_block.plan_kernels(9000, 2048) == (("row", 1024),)
+    # two chunks of 8193 (1024 threads), a merge of 4096 (256)
+    assert select_block.plan_kernels(16385, 2048) == (("chunks", 1024), ("merge", 256))
+    assert select_block.plan_kernels(131072, 2048) == (("chunks", 1024), ("merge", 1024))
+    assert select_block.plan_kernels(131072, 64) == (("chunks", 1024), ("merge", 256))
+    for n in (1, 2, 16383, 16384, 16385, 40000, 98305, 131071, 131072):
+        for k in (1, 7, 2048):
+            chunks, chunk, kc = select_block.chunking(n, k)
+            assert chunks == -(-n // chunk) and chunk <= select_block.TILE_N and (chunks - 1) * chunk < n
+            assert chunks == 1 or chunks * kc <= select_block.TILE_N
+    # a shorter chunk, where the merge holds what the chunks keep
+    assert select_block.chunking(1000, 5, chunk=3) == (334, 3, 3)
+    assert select_block.chunking(32768, 1024, chunk=4096) == (8, 4096, 1024)
+    with pytest.raises(ValueError, match="more than a block's 16384"):
+        select_block.chunking(32768, 2048, chunk=4000)  # 9 chunks of 2048: 18432
+    with pytest.raises(ValueError, match="chunk must be in 1..16384"):
+        select_block.chunking(32768, 8, chunk=16385)
+    with pytest.raises(ValueError, match="chunk must be in 1..16384"):
+        select_block.chunking(100, 8, chunk=0)
 
 
 @pytest.fixture
@@ -36,10 +66,21 @@ def test_dispatcher_takes_the_block_path_beyond_the_staged_rows(block_runs, monk
     assert sk.choose_path(5, 16384, 2048, 132) == "block"
     assert sk.choose_path(4096, 100, 1, 132) == "block"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"  # few rows: the staged path
-    assert sk.choose_path(8, 16385, 2048, 132) == "staged"  # beyond the block's rows: as before
-    assert sk.choose_path(64, 16385, 2048, 132) == "row"
-    assert sk.launch_plan(64, 9000, 1500) == ("block", 2048, 1024)
-    assert sk.launch_plan(64, 4000, 2048) == ("block", 2048, 256)
+    # a long row: its chunks, then their merge (up to 8 rows, or in 2 chunks); beyond, the row kernel
+    assert sk.choose_path(1024, 32768, 2048, 132) == "block" and sk.choose_path(64, 16385, 2048, 132) == "block"
+    assert sk.choose_path(8, 131072, 2048, 132) == "block" and sk.choose_path(5, 40000, 1, 132) == "block"
+    assert sk.choose_path(9, 32769, 2048, 132) == "row" and sk.choose_path(64, 131072, 2048, 132) == "row"
+    assert sk.launch_plan(64, 9000, 1500) == ("block", 2048, ("row", 1024))
+    assert sk.launch_plan(64, 4000, 2048) == ("block", 2048, ("row", 256))
+    # chunks of 8192 where they make at most 2 blocks an SM and the merge holds their best
+    assert sk.block_chunk(8, 65536, 100, 132) == 8192 and sk.launch_plan(8, 65536, 100) == ("block", 128, ("chunks", 512),
+                                                                                         ("merge", 256))
+    assert sk.block_chunk(64, 32768, 2048, 132) == 8192 and sk.launch_plan(64, 32768, 2048) == ("block", 2048, ("chunks", 512),
+                                                                                            ("merge", 512))
+    assert sk.block_chunk(67, 32768, 2048, 132) is None  # 268 blocks of 8192: more than 2 an SM
+    assert sk.block_chunk(8, 131072, 2048, 132) is None  # 16 chunks' 2048 each: more than a merge holds
+    assert sk.launch_plan(8, 131072, 2048) == ("block", 2048, ("chunks", 1024), ("merge", 1024))
+    assert sk.block_chunk(1000, 16384, 2048, 132) is None
     monkeypatch.setattr(sk, "BLOCK_PATH", False)
     assert sk.choose_path(5, 16384, 2048, 132) == "row"
 
@@ -56,8 +97,8 @@ def test_block_path_refuses_what_it_does_not_take():
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg if os.environ.get("TRITON_INTERPRET") == "1" else "CUDA|no option"):
             sk.triton_ordered_select(s, i, 5, **kw)
-    with pytest.raises(ValueError, match="CUDA|at most 16384"):
-        sk.triton_ordered_select(torch.zeros(8, 20000), torch.zeros(8, 20000, dtype=torch.int32), 5, path="block")
+    with pytest.raises(ValueError, match="CUDA|unsupported shape"):
+        sk.triton_ordered_select(torch.zeros(8, 131073), torch.zeros(8, 131073, dtype=torch.int32), 5, path="block")
 
 
 def test_block_path_is_off_without_cuda():
@@ -67,15 +108,16 @@ def test_block_path_is_off_without_cuda():
     assert sk.choose_path(64, 16384, 2048, 132) == "row"
 
 
+@pytest.mark.parametrize("kind", list(select_block.KINDS))
 @pytest.mark.parametrize("threads", select_block.TILES)
-def test_source_compiles_for_every_tile(tmp_path, threads):
-    """The kernel's CUDA source, as NVRTC gets it, compiles for sm_90 with nvcc, where nvcc is
-    installed (the GPU tests run it)."""
+def test_source_compiles_for_every_tile(tmp_path, threads, kind):
+    """The kernel's CUDA source, as NVRTC gets it, compiles for sm_90 with nvcc for every tile and
+    kind, where nvcc is installed (the GPU tests run it)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc here")
     src = tmp_path / "block.cu"
-    src.write_text(select_block.source(threads))
+    src.write_text(select_block.source(threads, kind))
     out = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "b.cubin"), str(src)],
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr

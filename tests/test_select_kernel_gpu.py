@@ -265,8 +265,6 @@ ROWS = [1, 7, 64, 1024]
 def test_against_packed_topk(kind, k, n, path):
     _require_kernel()
     _require_path(path)
-    if path == "block" and n > 16384:
-        pytest.skip("the block path takes rows of at most 16384 candidates")
     rows = (ROWS if path != "staged" else ROWS[:-1]) if not INTERPRET else [1, 2]
     for q in rows:
         scores, ids = make_case(kind, q, n, k, seed=q * 31 + n + k, device=_device())
@@ -1141,23 +1139,29 @@ def test_precompile_of_several_plans_compiles_them_all(triton_only):
 
 
 BLOCK_SHAPES = [(5, 16384, 2048, 16384), (64, 9000, 2048, 9000), (33, 12001, 1025, 12100), (7, 8193, 64, 8193),
-                (300, 5000, 2048, 5000), (5, 4096, 1, 4200), (9, 100, 2048, 100), (6, 1, 7, 1)]
+                (300, 5000, 2048, 5000), (5, 4096, 1, 4200), (9, 100, 2048, 100), (6, 1, 7, 1),
+                # long rows: chunks, then their merge
+                (5, 16385, 2048, 16400), (8, 40000, 1000, 40000), (6, 131072, 2048, 131072), (8, 100000, 3, 100001),
+                (500, 30000, 2048, 30000)]
 
 
 def test_block_path_one_function_a_tile_serves_every_shape():
     """The block path compiles one function a tile (256, 512, 1024 threads) and device: shapes of
     any Q, N, k and row stride within a tile run exactly on it, compiling nothing more; the
-    dispatcher takes the block path for every one of these shapes (more than 4 rows, at most
-    16384 candidates), and launch_plan names its tile."""
+    dispatcher takes the block path for every one of these shapes (more than 4 rows), and
+    launch_plan names its tiles (a long row's chunks' and their merge's)."""
     from tpflare.ops import select_block
 
     _require_kernel()
     _require_path("block")
     for q, n, k, stride in BLOCK_SHAPES:
         assert sk.choose_path(q, n, k, 132) == "block" and sk.launch_plan(q, n, k)[0] == "block", (q, n, k)
-    sk.precompile([(q, n) for q, n, _, _ in BLOCK_SHAPES], k=2048, progress=False)
-    tiles = {(torch.cuda.current_device(), select_block.tile(n)) for _, n, _, _ in BLOCK_SHAPES}
-    assert tiles <= set(select_block._KERNELS)
+    for q, n, k, _ in BLOCK_SHAPES:  # (each shape's k: a long row's merge tile depends on it)
+        sk.precompile([(q, n)], k=k, progress=False)
+    dev = torch.cuda.current_device()
+    kernels = {(dev, t, kind) for q, n, k, _ in BLOCK_SHAPES for kind, t in sk.launch_plan(q, n, k)[2:]}
+    assert sk.launch_plan(6, 131072, 2048)[2:] == (("chunks", 1024), ("merge", 1024))
+    assert kernels <= set(select_block._KERNELS)
     before = len(select_block._KERNELS)
     for kind in ("random", "nandups", "padding"):
         for q, n, k, stride in BLOCK_SHAPES:
@@ -1166,6 +1170,97 @@ def test_block_path_one_function_a_tile_serves_every_shape():
             check_equal(sk.triton_ordered_select(scores, ids, k),
                         ref_packed(scores.contiguous(), ids.contiguous(), k), f"{kind} q={q} n={n} k={k}")
     assert len(select_block._KERNELS) == before
+
+
+# (n, k, chunk): chunks of one candidate, a last chunk of one, chunks shorter than k, k beyond n
+BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2047), (1000, 2048, 100),
+                (6144, 100, 1000), (5000, 2048, 4096), (300, 300, 150)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,k,chunk", BLOCK_CHUNKS)
+def test_block_path_chunks_and_their_merge_against_python(kind, n, k, chunk):
+    """A row cut into chunks (select_block.chunking): a block a chunk keeps its best in no order
+    with their positions in the row, a block a row merges them; ties broken by id, then by
+    position across chunks (duplicate ids, NaN payloads), pads, -inf, +-0: against a plain sort."""
+    from tpflare.ops import select_block
+
+    _require_kernel()
+    _require_path("block")
+    assert select_block.chunking(n, k, chunk)[0] > 1
+    scores, ids = make_case(kind, 3, n, k, seed=n + k + chunk)
+    got = select_block.block_select(scores.cuda(), ids.cuda(), k, chunk=chunk)
+    check_equal(got, ref_python(scores, ids, k), f"{kind} n={n} k={k} chunk={chunk}")
+
+
+@pytest.mark.parametrize("n,chunk", [(6000, 1500), (6000, 4096), (40000, None)])
+def test_block_path_merge_orders_equal_keys_by_position(n, chunk):
+    """Equal keys (one id twice, both NaN, payloads differ) in the chunks' winners: the merge
+    orders them by their positions in the row, not by where the chunks wrote them (warps append a
+    chunk's winners in no fixed order). Each id sits at positions p and p + 32 (neighbouring warps
+    of one block), in reverse too; odd and even k cut through the pairs."""
+    from tpflare.ops import select_block
+
+    _require_kernel()
+    _require_path("block")
+    g = torch.Generator().manual_seed(n)
+    q = 4
+    base = (torch.randperm(n, generator=g)[: -(-n // 64) * 32] * 2 + 7).to(torch.int32)  # an id a pair
+    pos = torch.arange(n)
+    pair = (pos // 64) * 32 + pos % 32  # positions p and p + 32 of each 64 share an id
+    ids = base[pair].expand(q, n).clone()
+    ids[1] = ids[1].flip(0)
+    payload = torch.randint(1, 1 << 22, (q, n), generator=g, dtype=torch.int32)
+    scores = (payload | 0x7F800000 | torch.where(torch.rand(q, n, generator=g) < 0.5, 0, -(1 << 31)).to(torch.int32))
+    scores = scores.view(torch.float32)
+    assert bool(torch.isnan(scores).all())
+    for k in (1, 1001, 1500, 2047):
+        assert select_block.chunking(n, k, chunk)[0] > 1
+        got = select_block.block_select(scores.cuda(), ids.cuda(), k, chunk=chunk)
+        check_equal(got, ref_packed(scores.cuda(), ids.cuda(), k), f"n={n} k={k} chunk={chunk}")
+
+
+@pytest.mark.parametrize("kind", ["random", "special", "padding", "dups", "nandups"])
+@pytest.mark.parametrize("n", [16385, 40000, 131072])
+def test_block_path_long_rows(kind, n):
+    """Rows beyond a block's 16384 candidates (2 to 8 chunks) at k of 1, 100 and 2048 and a few
+    row counts, with a row stride, against the packed reference."""
+    _require_kernel()
+    _require_path("block")
+    for q, k in ((5, 2048), (33, 100), (9, 1)):
+        big_s, big_i = make_case(kind, q, n + 3, k, seed=n + k + q, device="cuda")
+        scores, ids = big_s[:, :n], big_i[:, :n]
+        check_equal(sk.triton_ordered_select(scores, ids, k, path="block"),
+                    ref_packed(scores.contiguous(), ids.contiguous(), k), f"{kind} q={q} n={n} k={k}")
+
+
+@pytest.mark.parametrize("n,chunk", [(300, None), (16384, None), (50000, None), (3000, 500)])
+def test_block_path_cutoff_at_neginf(n, chunk):
+    """The block kernel takes a cutoff at -inf (a short context's pads with valid ids) from its
+    counts, with no radix pass on the score key: k just below, at and above the finite scores,
+    through the -inf tie, and into the NaN below it; rows with no -inf; against the references."""
+    from tpflare.ops import select_block
+
+    _require_kernel()
+    _require_path("block")
+    g = torch.Generator().manual_seed(n)
+    q = 4
+    ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 3 + 5).to(torch.int32)
+    f, m, z = min(n // 10, 700), n // 2, n // 5  # finite, -inf, NaN a row; the rest pads
+    kind = torch.zeros(q, n, dtype=torch.int64)
+    kind[:, f:f + m] = 1
+    kind[:, f + m:f + m + z] = 2
+    kind[:, f + m + z:] = 3
+    kind = torch.gather(kind, 1, torch.rand(q, n, generator=g).argsort(dim=1))
+    kind[3] = torch.where(kind[3] == 1, torch.zeros_like(kind[3]), kind[3])  # a row with no -inf
+    scores = torch.where(kind == 0, torch.randn(q, n, generator=g), torch.tensor(float("-inf")))
+    scores = torch.where(kind == 2, torch.tensor(float("nan")), scores)
+    ids = torch.where(kind == 3, torch.full_like(ids, -1), ids)
+    for k in sorted({1, f - 1, f, f + 1, f + m // 2, f + m - 1, f + m, f + m + 1, min(f + m + z + 5, 2048)}):
+        k = max(1, min(k, 2048))
+        got = select_block.block_select(scores.cuda(), ids.cuda(), k, chunk=chunk)
+        ref = ref_python(scores, ids, k) if n <= 300 else ref_packed(scores.cuda(), ids.cuda(), k)
+        check_equal(got, ref, f"n={n} k={k} chunk={chunk}")
 
 
 def test_block_path_falls_back_to_the_row_kernel_where_it_does_not_compile(monkeypatch, caplog):

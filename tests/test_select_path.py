@@ -5,6 +5,16 @@ import pytest
 from tpflare.ops import select_kernel as sk
 
 
+@pytest.fixture(autouse=True)
+def triton_kernels_only(monkeypatch):
+    """The Triton kernels' policy, as where the block path does not run (a CPU machine; NVRTC
+    missing): the block path's own is tests/test_select_block.py's."""
+    monkeypatch.setattr(sk, "BLOCK_PATH", False)
+    sk._first_call_plan.cache_clear()
+    yield
+    sk._first_call_plan.cache_clear()
+
+
 def test_path_policy():
     """The staged path for up to 4 rows (whatever their length) and up to 8 rows of 16385..24576
     candidates, the row kernel beyond."""

@@ -20,7 +20,7 @@ Each case is checked bit for bit (ids and score bits):
 * what serving runs: ``ordering.ordered_select(kernel="triton")`` (the dispatcher's path and
   launch plan; ``select_kernel.triton_ordered_select`` where ``k > N``, which the op refuses);
 * with probability ``--other-path``, ``triton_ordered_select`` on each other path (``other_paths``:
-  of row, staged and, for rows of up to 16384 candidates where it runs, block) for the same inputs;
+  of row, staged and, where it runs, block) for the same inputs;
 * with probability ``--graph``, the call captured in a CUDA graph, replayed on new inputs
   of the same shape copied into the captured buffers;
 
@@ -237,7 +237,7 @@ def mismatch(got, want, ids: torch.Tensor | None = None) -> str | None:
 
 def other_paths(q: int, n: int, k: int) -> list[str]:
     """The paths other than the one the dispatcher takes for the shape: the row kernel and the
-    staged path always apply, the block path to rows of up to select_block.MAX_N where it runs."""
+    staged path always apply, the block path where it runs (rows of up to select_block.MAX_N)."""
     from tpflare.ops import select_block
 
     chosen = sk.choose_path(q, n, k, 132)
