@@ -1,24 +1,30 @@
-"""Exact ordered top-k selection with one CUDA thread block a row (the *block* path).
+"""Exact ordered top-k selection with CUDA thread blocks (the *block* path): one block a row of
+up to ``TILE_N`` (16384) candidates; a longer row (up to ``MAX_N``, 131072) in chunks, a block
+each, and one block a row merging their best.
 
 ``block_select(scores, ids, k)`` gives what ``select_kernel.triton_ordered_select`` gives (DESIGN.md's
 Order rule, bit for bit: score key descending with +0 before -0 and every NaN below -inf, then
 id ascending, then position ascending; pads are id -1 with score -inf past the valid
 candidates) for rows of at most ``MAX_N`` candidates. The kernel (``SOURCE``, CUDA C++) is
 compiled at run time by NVRTC through ``torch.cuda._compile_kernel`` (torch's private API:
-``available()`` feature-detects it) into one function a tile, in about a second.
+``available()`` feature-detects it) into one function a tile and kind (``KINDS``: row, chunks,
+merge), each in a fraction of a second to a second.
 
 Why CUDA here: a thread block controls its shared memory, which a Triton program cannot
 allocate. Histograms are shared atomics, and the winners are ordered in shared memory. On an
 H200 (docs/benchmarks_select_kernel.md, session 22) this took 0.49-0.88x the Triton row
 kernel's time at 8-4096 rows of 4096-16384 candidates.
 
-The kernel, one block of ``tile(n)`` threads a row:
+The kernel, one block of ``tile(n)`` threads a row (kind ``row``):
 * The row stays in registers, 16 candidates a thread (``ITEMS``): candidate ``t * THREADS +
   tid`` sits in thread ``tid``'s slot ``t``.
 * The k-th key is found by radix select with 8-bit digits, each histogram built by shared
   atomics. It runs on the unsigned score key (at most 4 passes, stopping at the first bin that
-  holds exactly the candidates still wanted). Where candidates tie at that key, it runs again on
-  the inverted id among them, then on the inverted position.
+  holds exactly the candidates still wanted; in the 1024-thread tile also at a pass whose keys
+  in play are all equal). Where candidates tie at that key, it runs again on the inverted id
+  among them, then on the inverted position. Where the counts of the row's -inf and NaN scores
+  (taken as the row loads) put the k-th key at -inf (a short context padded with -inf), the
+  score key takes no pass.
 * The winners go to shared memory as packed keys (score key above the inverted id, as in
   ``radix.packed_key``) and positions: one ballot and one atomic a warp and slot.
 * Ordering by bucket rank, as ``radix.order_row`` does it, in shared memory:
@@ -34,6 +40,15 @@ The kernel, one block of ``tile(n)`` threads a row:
 * Output: ids from the keys; score bits read again from the row at the winners' positions, so
   NaN payloads survive.
 
+A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
+* kind ``chunks``, a block a chunk (grid rows x chunks): the same selection on the chunk, and its
+  first ``kc = min(k, chunk)`` winners, in no order, with their positions in the row, to a
+  workspace of ``chunks x kc`` a row (no ordering, no dynamic shared memory);
+* kind ``merge``, a block a row: the same kernel on the workspace row, ordered, a candidate's
+  position (the last tie-break, equal keys) read from the workspace. Exact: a row's best ``k``
+  are among its chunks' best ``k``. The merge holds ``chunks x kc <= TILE_N``: 8 chunks of
+  16384 at k = 2048.
+
 Where it compiles: torch's NVRTC wrapper passes the CUDA toolkit's include directory, which it
 finds from ``CUDA_HOME`` (or ``CUDA_PATH``), ``nvcc`` on the path, or ``/usr/local/cuda``; on a
 machine with CUDA wheels and no toolkit it raises, and the first compile logs one warning naming
@@ -41,8 +56,10 @@ why, turns the block path off for the process, and the Triton row kernel takes i
 (``select_kernel.triton_ordered_select``). The kernel itself includes no header.
 
 No host synchronisation; capturable in a CUDA graph after a first, compiling call outside
-capture (as the Triton kernels). Shared memory: 42 KB static and ``DYN_BYTES`` dynamic a block,
-which needs the function's opt-in beyond 48 KB (``cuFuncSetAttribute``, set at compile).
+capture (as the Triton kernels). Shared memory: 42 KB static and ``DYN_BYTES`` dynamic a block
+(the ordering's; the chunks kind launches without), which needs the function's opt-in beyond 48
+KB (``cuFuncSetAttribute``, set at compile). A long row's workspace: 12 bytes a slot, ``Q x
+chunks x kc`` slots (50 MB at 1024 rows of 32768, k = 2048), from torch's allocator.
 """
 from __future__ import annotations
 

@@ -185,11 +185,16 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row kernel's time (64 x
     16384: 24.2 against 30.1 µs; 1024 x 16384: 189-194 against 244); one row 0.70-1.73x the
     staged path's (it runs on one SM; faster on a short context only), so up to
-    ``STAGED_MAX_ROWS`` the staged path stays. Longer rows (session 23, ``--grid block_long``):
-    at 5-8 rows of 20000-131072, 31-64 µs against the row kernel's 39-89 and the staged path's
-    38-118; at 64-1024 rows of 20000-32768 (two chunks) 0.73-1.09x the row kernel's time
-    (random, short; mass ties 0.96-1.09x); at 64 rows and more of 65536 and 131072 the row kernel
-    takes 0.5-0.9x the block path's (its sampled cutoff reads the row once), so it keeps them.
+    ``STAGED_MAX_ROWS`` the staged path stays. Longer rows (session 23, ``--grid block_long``,
+    record select_kernel_h200_s23_block_long.json), the block path's time over the row kernel's:
+    at 5-8 rows of 20000-131072, 0.77-0.86x with random scores, 0.49-0.84x with mass ties (a
+    quarter of the row tied at the cutoff) and 0.59-1.0x on a short context (30.9-55.5 µs
+    against 39.0-88.9); at 64-1024 rows of 20000-32768 (two chunks) 0.89-0.99x random,
+    0.71-0.81x short, 0.63-1.04x ties; at 64 rows and more of 65536 and 131072 0.86-2.0x (the row
+    kernel's sampled cutoff reads the row once), so the row kernel keeps those. At 4 rows of
+    20000-131072 the block path took 0.68-1.28x the staged path's time (faster on mass ties,
+    slower on random scores at 20000-32768 and on a short context at 131072), at one row
+    0.90-2.4x; the staged path keeps 1-4 rows.
     Elsewhere, or where the block path does not run, the Triton kernels as below.
 
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
@@ -226,8 +231,10 @@ def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:
     """The block path's chunk for rows beyond a block (``select_block.chunking``): None (the
     fewest chunks, 16384 at most), or ``BLOCK_SHORT_CHUNK`` where the row's chunks of that size
     make at most ``BLOCK_SHORT_WAVES`` blocks an SM and their merge holds their best. H200, graph
-    replay, k = 2048 (session 23, ``--grid block_long --variants``): chunks of 8192 at 5-64 rows
-    of 20000-65536 took 0.74-0.94x the time of the fewest chunks; at 256 rows and more, 1.0-1.3x."""
+    replay, k = 2048 (session 23's first run, ``--grid block_long --variants``, before the kernel's
+    last changes; record select_kernel_h200_s23_block_long_variants.json): chunks of 8192 at 5-64
+    rows of 20000-65536 took 0.71-0.94x the time of the fewest chunks; at 256 and 1024 rows,
+    0.99-1.26x."""
     if n <= select_block.TILE_N:
         return None
     chunks = -(-n // BLOCK_SHORT_CHUNK)
