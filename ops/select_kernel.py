@@ -102,7 +102,7 @@ import torch
 from . import select_block, select_staged
 from .select_compile import collecting, compile_in_parallel, launch
 
-__all__ = ["available", "supports", "choose_path", "row_config", "sample_config", "launch_plan", "precompile", "triton_ordered_select",
+__all__ = ["available", "supports", "choose_path", "block_chunk", "row_config", "sample_config", "launch_plan", "precompile", "triton_ordered_select",
            "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
 
 log = logging.getLogger("tpflare.select_kernel")
@@ -175,7 +175,8 @@ def supports(n: int, k: int) -> bool:
 
 def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     """The staged path (a row over many programs), the block path (``select_block``: one CUDA
-    thread block a row) or the one-program-a-row Triton kernel.
+    thread block a row, or a block a chunk of a longer row and one merging them) or the
+    one-program-a-row Triton kernel.
 
     The block path takes rows beyond ``STAGED_MAX_ROWS`` rows where it runs
     (``select_block.available()``: torch's NVRTC entry point; ``BLOCK_PATH``): rows of up to
@@ -199,8 +200,8 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
 
     From the H200 runs in docs/benchmarks_select_kernel.md (CUDA-graph replay, which is how
     serving runs the selection): the staged path is faster up to 4 rows; beyond, its global
-    histogram (atomics on a few hot bins) costs more. Rows of more than SPREAD_MIN (16384) up
-    to 24576 candidates take it up to 8 rows (``STAGED_LONG_ROWS``): since the narrowing walk
+    histogram (atomics on a few hot bins) costs more. Where the block path does not run, rows of
+    more than SPREAD_MIN (16384) up to 24576 candidates take it up to 8 rows (``STAGED_LONG_ROWS``): since the narrowing walk
     runs over the row's programs (session 9), at 8 rows of 32768 and 65536 it took 43.0 / 64.7
     µs with random scores against the row kernel's 47.0 / 61.1, and 50.4-63.4 against 66.4-87.8
     µs on mass ties (a quarter of the row tied at the cutoff; a short context padded with -inf
