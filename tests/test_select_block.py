@@ -53,6 +53,40 @@ def test_long_rows_are_cut_into_chunks_a_merge_holds():
         select_block.chunking(100, 8, chunk=0)
 
 
+def _order(bits: list[int], ids: list[int], positions) -> list[int]:
+    """The candidates at ``positions`` under the Order rule (valid first; IEEE bit order of the
+    score, every NaN below -inf; then id ascending; then position ascending), as positions."""
+    def key(p):
+        b = bits[p] & 0xFFFFFFFF
+        nan = (b & 0x7FFFFFFF) > 0x7F800000
+        skey = 0 if nan else (b ^ 0xFFFFFFFF if b >> 31 else b | 0x80000000)
+        return (ids[p] < 0, -skey, ids[p], p)
+    return sorted(positions, key=key)
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "equal", "special", "padding", "dups", "nandups"])
+def test_a_rows_best_are_among_its_chunks_best(kind):
+    """The block path's long rows, in plain Python: each chunk of ``chunking``'s cut keeps its first
+    ``kc`` (as the chunks kernel does), and the first k of their union are the row's first k
+    (the merge), position for position; the row's order itself equals the tests' plain-sort
+    reference (tests/test_select_kernel_gpu.py's ref_python) in ids and score bits."""
+    from test_select_kernel_gpu import make_case, ref_python
+
+    for n, k, chunk in [(37, 5, 4), (300, 64, None), (300, 1, 7), (1000, 300, 100), (1000, 2048, 333), (50, 50, 8)]:
+        scores, ids = make_case(kind, 3, n, k, seed=n + k)
+        ref_ids, ref_sc = ref_python(scores, ids, k)
+        chunks, chunk, kc = select_block.chunking(n, k, chunk)
+        for r in range(3):
+            bits, idl = scores[r].view(torch.int32).tolist(), ids[r].tolist()
+            row = [p for p in _order(bits, idl, range(n))[:k] if idl[p] >= 0]
+            kept = [p for c in range(chunks) for p in _order(bits, idl, range(c * chunk, min(n, (c + 1) * chunk)))[:kc]]
+            merged = [p for p in _order(bits, idl, kept)[:k] if idl[p] >= 0]
+            assert merged == row, (kind, n, k, chunk, r)
+            assert [idl[p] for p in row] == ref_ids[r, :len(row)].tolist(), (kind, n, k, r)
+            assert [bits[p] for p in row] == ref_sc[r, :len(row)].view(torch.int32).tolist(), (kind, n, k, r)
+            assert (ref_ids[r, len(row):] == -1).all()
+
+
 @pytest.fixture
 def block_runs(monkeypatch):
     """The dispatcher as on a machine where the block path runs."""
