@@ -53,15 +53,12 @@ def test_long_rows_are_cut_into_chunks_a_merge_holds():
         select_block.chunking(100, 8, chunk=0)
 
 
-def _order(bits: list[int], ids: list[int], positions) -> list[int]:
-    """The candidates at ``positions`` under the Order rule (valid first; IEEE bit order of the
-    score, every NaN below -inf; then id ascending; then position ascending), as positions."""
-    def key(p):
-        b = bits[p] & 0xFFFFFFFF
-        nan = (b & 0x7FFFFFFF) > 0x7F800000
-        skey = 0 if nan else (b ^ 0xFFFFFFFF if b >> 31 else b | 0x80000000)
-        return (ids[p] < 0, -skey, ids[p], p)
-    return sorted(positions, key=key)
+def _order(scores: list[float], bits: list[int], ids: list[int], positions) -> list[int]:
+    """The candidates at ``positions`` under the Order rule (the plain-sort reference's rank, then
+    position), as positions."""
+    from test_select_kernel_gpu import _py_rank
+
+    return sorted(positions, key=lambda p: _py_rank(scores[p], bits[p] & 0xFFFFFFFF, ids[p]) + (p,))
 
 
 @pytest.mark.parametrize("kind", ["random", "ties", "equal", "special", "padding", "dups", "nandups"])
@@ -77,10 +74,11 @@ def test_a_rows_best_are_among_its_chunks_best(kind):
         ref_ids, ref_sc = ref_python(scores, ids, k)
         chunks, chunk, kc = select_block.chunking(n, k, chunk)
         for r in range(3):
-            bits, idl = scores[r].view(torch.int32).tolist(), ids[r].tolist()
-            row = [p for p in _order(bits, idl, range(n))[:k] if idl[p] >= 0]
-            kept = [p for c in range(chunks) for p in _order(bits, idl, range(c * chunk, min(n, (c + 1) * chunk)))[:kc]]
-            merged = [p for p in _order(bits, idl, kept)[:k] if idl[p] >= 0]
+            sl, bits, idl = scores[r].tolist(), scores[r].view(torch.int32).tolist(), ids[r].tolist()
+            row = [p for p in _order(sl, bits, idl, range(n))[:k] if idl[p] >= 0]
+            kept = [p for c in range(chunks)
+                    for p in _order(sl, bits, idl, range(c * chunk, min(n, (c + 1) * chunk)))[:kc]]
+            merged = [p for p in _order(sl, bits, idl, kept)[:k] if idl[p] >= 0]
             assert merged == row, (kind, n, k, chunk, r)
             assert [idl[p] for p in row] == ref_ids[r, :len(row)].tolist(), (kind, n, k, r)
             assert [bits[p] for p in row] == ref_sc[r, :len(row)].view(torch.int32).tolist(), (kind, n, k, r)
