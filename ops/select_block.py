@@ -85,8 +85,8 @@ DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4  # the second level's key ranges and sub-b
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 SOURCE = r"""
-// THREADS, ITEMS, KMAX, and MODE of POS_IN 1 and UNORDERED 2: defined before this text (source(threads, kind))
-#if !defined(MODE) || !defined(POS_IN) || !defined(UNORDERED) || POS_IN != 1 || UNORDERED != 2
+// THREADS, ITEMS, KMAX, and MODE of the bits POS_IN and UNORDERED: defined before this text (source(threads, kind))
+#if !defined(MODE) || !defined(POS_IN) || !defined(UNORDERED)
 #error "source(threads, kind) defines MODE, POS_IN and UNORDERED"
 #endif
 #define NB 2048  // buckets of the ordering
@@ -674,7 +674,8 @@ def chunking(n: int, k: int, chunk: int | None = None) -> tuple[int, int, int]:
     return chunks, chunk, kc
 
 
-KINDS = {"row": 0, "chunks": 2, "merge": 1}  # the kernel's kinds: SOURCE's MODE (UNORDERED 2, POS_IN 1)
+_POS_IN, _UNORDERED = 1, 2  # SOURCE's MODE bits
+KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN}  # the kernel's kinds: SOURCE's MODE
 
 
 def plan_kernels(n: int, k: int, chunk: int | None = None) -> tuple[tuple[str, int], ...]:
@@ -688,7 +689,7 @@ def source(threads: int, kind: str = "row") -> str:
     """The kernel's CUDA source for a tile of ``threads`` and a kind (``KINDS``), as NVRTC
     compiles it."""
     return (f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n"
-            f"#define POS_IN 1\n#define UNORDERED 2\n#define MODE {KINDS[kind]}\n" + SOURCE)
+            f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define MODE {KINDS[kind]}\n" + SOURCE)
 
 
 def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
