@@ -77,13 +77,14 @@ def main(argv=None) -> int:
                     help="an older copy (or a variant) of ops/select_block.py; again for more")
     ap.add_argument("--out", required=True)
     ap.add_argument("--patterns", default="random,ties,short")
+    ap.add_argument("--cells", default=",".join(f"{n}x{q}" for n, q in CELLS), help="N x Q, comma-separated")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--fuzz-seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=22)
     a = ap.parse_args(argv)
     olds = {("old" if len(a.old) == 1 else os.path.splitext(os.path.basename(p))[0]): load_old(p) for p in a.old}
     rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, old=a.old, cells=[])
-    for n, q in CELLS:
+    for n, q in [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",")]:
         for pat in a.patterns.split(","):
             sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
             cell = dict(n=n, q=q, pattern=pat)

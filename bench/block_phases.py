@@ -1,0 +1,201 @@
+"""Where a block of the block path's kernel (ops/select_block.py) spends its time, phase by phase.
+
+A copy of the kernel's source gets clock stamps (thread 0 reads ``clock64()`` after the block's
+barriers at the phase boundaries below) and writes them, with its SM and its start and end on the
+global timer, to a buffer; the module's own launch (``shipped``) is timed beside it (CUDA-graph
+replay) so the stamps' own cost shows. Each cell is checked against the GPU tests' reference.
+
+    python3 bench/block_phases.py --out phases.json [--cells 16384x64,16384x1024] [--patterns random,ties,short]
+
+Per cell it prints each phase's median cycles over the blocks, the median block duration (ns) and
+how many blocks shared an SM at once (the most blocks whose [start, end] overlap on one SM), and
+the function's registers and spilled bytes a thread. Bench only: the stamps go in by text edits
+of ``select_block.SOURCE`` at anchors that must be found once each, or the script stops.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from bench_select_kernel import make_inputs, time_graph  # noqa: E402
+import fuzz_select  # noqa: E402  (the tests' ref_packed and mismatch)
+
+from tpflare.ops import select_block as sb  # noqa: E402
+
+# (phase name, anchor or its spellings (one must be found, once), "before" / "after"): the stamp goes there
+STAMPS = [
+    ("load+count", "  const int nsel = min(K, nvalid);\n", "after"),
+    ("level1", "    int rem = nsel - ab;\n", "before"),
+    ("levels2-3", "  // the winners to shared memory: packed key", "before"),
+    ("winners", "  if (mode & UNORDERED) {  // a chunk's winners", "before"),
+    ("ord:lohi", "  const u64 ut = sm.lo >> 31;", "before"),
+    ("ord:parts", "  int nb[3], base[3], shp[3];", "before"),
+    ("ord:buckets", ("  int big = scan2048(sm.off, sm);", "  int big = scan2048(sm.hm, sm);"), "before"),
+    ("ord:scan", ("  int* offs = sm.off;\n", "  int* offs = sm.hm;\n"), "before"),
+    ("ord:level2", tuple("#pragma unroll\n  for (int w = 0; w < WPER; ++w) {\n    int i = w * THREADS + tid;\n"
+                         f"    if (i < nsel) {m}" for m in ("sm.mem[offs", "sm.hm[NB + offs")), "before"),
+    ("ord:members", "  int rank[WPER];\n", "before"),
+    ("ord:rank", "  __syncthreads();  // (the member list's space takes the output order)", "before"),
+    ("ordered", "  int* orow = out_ids + row * s_oi;\n  int* osrow", "before"),
+]
+NS = len(STAMPS) + 1  # stamp 0: the block's start
+END = r"""
+  __syncthreads();
+  if (tid == 0) {
+    long long t1 = clock64();
+    u64 g1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+    u32 smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    int* st = out_pos + row * 32;
+    for (int i = 1; i < NSTAMP; ++i) st[i] = _ts[i] ? (int)(_ts[i] - _ts[0]) : -1;
+    st[NSTAMP] = (int)(t1 - _ts[0]);
+    st[NSTAMP + 1] = (int)smid;
+    st[NSTAMP + 2] = (int)(_g0 & 0xffffffffu);
+    st[NSTAMP + 3] = (int)(_g0 >> 32);
+    st[NSTAMP + 4] = (int)(g1 & 0xffffffffu);
+    st[NSTAMP + 5] = (int)(g1 >> 32);
+  }
+}
+"""
+
+
+def stamped_source(tile) -> str:
+    """The row kernel's source for a tile (threads, or (threads, items) where the module's tiles are
+    pairs) with the stamps in."""
+    src = sb.source(tile, "row")
+    head = (f"#define NSTAMP {NS}\n__shared__ long long _ts[NSTAMP];\n"
+            "#define STAMP(i) do { if (threadIdx.x == 0) _ts[i] = clock64(); } while (0)\n")
+    start = "  const int lane = tid & 31;\n  const i64 row = blockIdx.x;\n"
+    assert src.count(start) == 1, "anchor: the kernel's start"
+    src = src.replace(start, start + "  if (tid == 0) { for (int i = 0; i < NSTAMP; ++i) _ts[i] = 0; }\n"
+                      "  STAMP(0);\n  u64 _g0 = 0;\n  if (tid == 0) asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(_g0));\n")
+    for i, (name, anchors, where) in enumerate(STAMPS, 1):
+        found = [a for a in ((anchors,) if isinstance(anchors, str) else anchors) if a in src]
+        assert len(found) == 1 and src.count(found[0]) == 1, f"anchor of {name}: {found}"
+        anchor = found[0]
+        stamp = f"  STAMP({i});\n"
+        src = src.replace(anchor, anchor + stamp if where == "after" else stamp + anchor)
+    tail = src.rstrip()
+    assert tail.endswith("}"), "the kernel's end"
+    src = tail[:-1] + END
+    # the source's first line after the defines is a comment: put the stamps' defines after #error's check
+    return head + src
+
+
+def threads(t) -> int:
+    return t if isinstance(t, int) else t[0]
+
+
+def name(t) -> str:
+    return str(t) if isinstance(t, int) else "%dx%d" % t
+
+
+def func_attrs(kern) -> dict:
+    lib = sb._driver_library()()
+    out = {}
+    for name, attr in (("regs", 4), ("local_bytes", 3), ("static_smem", 1)):
+        v = ctypes.c_int()
+        lib.cuFuncGetAttribute(ctypes.byref(v), attr, kern.func)
+        out[name] = v.value
+    return out
+
+
+def compile_src(src: str):
+    kern = torch.cuda._compile_kernel(src, "tpflare_select_rows")
+    rc = sb._driver_library()().cuFuncSetAttribute(kern.func, 8, sb.DYN_BYTES)
+    assert rc == 0, rc
+    return kern
+
+
+def run_stamped(kern, t, s, i, k):
+    q, n = s.shape
+    out_ids = torch.empty((q, k), dtype=torch.int32, device=s.device)
+    out_sc = torch.empty((q, k), dtype=torch.float32, device=s.device)
+    st = torch.zeros((q, 32), dtype=torch.int32, device=s.device)
+    kern(grid=(q, 1, 1), block=(threads(t), 1, 1), shared_mem=sb.DYN_BYTES,
+         args=[s, i, i, out_ids, out_sc, st, n, k, n, s.stride(0), i.stride(0), 0, out_ids.stride(0), out_sc.stride(0), 32])
+    return out_ids, out_sc, st
+
+
+def overlap(st) -> int:
+    # the most blocks running at once on one SM, from their global-timer spans
+    g0 = (st[:, NS + 2].long() & 0xffffffff) | (st[:, NS + 3].long() << 32)
+    g1 = (st[:, NS + 4].long() & 0xffffffff) | (st[:, NS + 5].long() << 32)
+    best = 0
+    for sm in st[:, NS + 1].unique().tolist():
+        m = st[:, NS + 1] == sm
+        ev = sorted([(a, 1) for a in g0[m].tolist()] + [(b, -1) for b in g1[m].tolist()], key=lambda e: (e[0], e[1]))
+        cur = 0
+        for _, d in ev:
+            cur += d
+            best = max(best, cur)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cells", default="16384x64,16384x1024,8192x1024,4096x1024")
+    ap.add_argument("--patterns", default="random,ties,short")
+    ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--tiles", default="", help="more tiles to run each cell on where they hold it, as 1024x16,...")
+    a = ap.parse_args(argv)
+    pairs = not isinstance(sb.TILES[0], int)
+    extra = [tuple(int(x) for x in t.split("x")) if pairs else int(t) for t in a.tiles.split(",") if t]
+    rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, phases=["start"] + [s[0] for s in STAMPS],
+                     cells=[], attrs={})
+    kerns = {}
+    for t in list(sb.TILES) + extra:
+        kerns[t] = compile_src(stamped_source(t))
+        rec["attrs"][name(t)] = dict(shipped=func_attrs(sb.compile_tile(t)), stamped=func_attrs(kerns[t]))
+        print(f"tile {name(t)}: {rec['attrs'][name(t)]}", flush=True)
+    for cell in a.cells.split(","):
+        n, q = (int(x) for x in cell.split("x"))
+        for t, pat in [(t, p) for t in [sb.tile(n)] + [e for e in extra if n <= (e[0] * e[1] if pairs else e * sb.ITEMS)] for p in a.patterns.split(",")]:
+            sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
+            ref = [fuzz_select.ref_packed(s, i, a.k) for s, i in sets]
+            shipped = time_graph(lambda s, i: sb.block_select(s, i, a.k), sets, 20, 10) if t == sb.tile(n) else float("nan")
+            stamped = time_graph(lambda s, i: run_stamped(kerns[t], t, s, i, a.k), sets, 20, 10)
+            exact = True
+            rows = []
+            for (s, i), r in zip(sets, ref):
+                oi, osc, st = run_stamped(kerns[t], t, s, i, a.k)
+                exact &= fuzz_select.mismatch((oi, osc), r) is None
+                rows.append(st.cpu())
+            st = torch.cat(rows)
+            cyc = st[:, 1:NS + 1].clone()
+            for j in range(1, cyc.shape[1]):  # a phase not run: its stamp is the one before's
+                cyc[:, j] = torch.where(cyc[:, j] < 0, cyc[:, j - 1], cyc[:, j])
+            total = cyc[:, -1]
+            g0 = (st[:, NS + 2].long() & 0xffffffff) | (st[:, NS + 3].long() << 32)
+            g1 = (st[:, NS + 4].long() & 0xffffffff) | (st[:, NS + 5].long() << 32)
+            dur = statistics.median((g1 - g0).tolist())
+            prev = torch.zeros_like(total)
+            phases = {}
+            for j, name in enumerate([s[0] for s in STAMPS] + ["output"]):
+                phases[name] = statistics.median((cyc[:, j] - prev).tolist())
+                prev = cyc[:, j]
+            c = dict(n=n, q=q, pattern=pat, tile=name(t), exact=exact, shipped_us=shipped * 1e3, stamped_us=stamped * 1e3,
+                     block_cycles=statistics.median(total.tolist()), block_ns=dur, per_sm=overlap(rows[0]),
+                     phases=phases)
+            rec["cells"].append(c)
+            print(f"{pat:6s} {q:5d} x {n:6d} tile {name(t)}  shipped {c['shipped_us']:7.1f} us  stamped {c['stamped_us']:7.1f}  "
+                  f"exact {exact}  block {c['block_cycles']:.0f} cyc {dur / 1e3:.1f} us  per SM {c['per_sm']}", flush=True)
+            print("    " + "  ".join(f"{k} {v:.0f}" for k, v in phases.items()), flush=True)
+    with open(a.out, "w") as f:
+        json.dump(rec, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
