@@ -9,7 +9,7 @@ replay) so the stamps' own cost shows. Each cell is checked against the GPU test
 
 Per cell it prints each phase's median cycles over the blocks, the median block duration (ns) and
 how many blocks shared an SM at once (the most blocks whose [start, end] overlap on one SM), and
-the function's registers and spilled bytes a thread. Bench only: the stamps go in by text edits
+the function's registers and local-memory bytes a thread. Bench only: the stamps go in by text edits
 of ``select_block.SOURCE`` at anchors that must be found once each, or the script stops.
 """
 from __future__ import annotations
