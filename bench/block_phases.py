@@ -88,7 +88,6 @@ def stamped_source(tile) -> str:
     tail = src.rstrip()
     assert tail.endswith("}"), "the kernel's end"
     src = tail[:-1] + END
-    # the source's first line after the defines is a comment: put the stamps' defines after #error's check
     return head + src
 
 
@@ -96,17 +95,17 @@ def threads(t) -> int:
     return t if isinstance(t, int) else t[0]
 
 
-def name(t) -> str:
+def tile_name(t) -> str:
     return str(t) if isinstance(t, int) else "%dx%d" % t
 
 
 def func_attrs(kern) -> dict:
     lib = sb._driver_library()()
     out = {}
-    for name, attr in (("regs", 4), ("local_bytes", 3), ("static_smem", 1)):
+    for key, attr in (("regs", 4), ("local_bytes", 3), ("static_smem", 1)):
         v = ctypes.c_int()
         lib.cuFuncGetAttribute(ctypes.byref(v), attr, kern.func)
-        out[name] = v.value
+        out[key] = v.value
     return out
 
 
@@ -148,23 +147,30 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", default="16384x64,16384x1024,8192x1024,4096x1024")
     ap.add_argument("--patterns", default="random,ties,short")
     ap.add_argument("--k", type=int, default=2048)
-    ap.add_argument("--tiles", default="", help="more tiles to run each cell on where they hold it, as 1024x16,...")
+    ap.add_argument("--tiles", default="", help="more tiles to run each cell on where they hold it (1024, or 1024x16 where "
+                    "the module's tiles are pairs), beside the one block_select runs")
     a = ap.parse_args(argv)
     pairs = not isinstance(sb.TILES[0], int)
     extra = [tuple(int(x) for x in t.split("x")) if pairs else int(t) for t in a.tiles.split(",") if t]
     rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, phases=["start"] + [s[0] for s in STAMPS],
                      cells=[], attrs={})
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def module_tile(n: int, q: int):  # the tile block_select runs for the cell (where tiles are pairs, by rows and SMs)
+        return sb.plan_kernels(n, a.k, None, q, n_sm)[0][1] if pairs else sb.tile(n)
+
     kerns = {}
-    for t in list(sb.TILES) + extra:
+    for t in dict.fromkeys(list(sb.TILES) + extra):
         kerns[t] = compile_src(stamped_source(t))
-        rec["attrs"][name(t)] = dict(shipped=func_attrs(sb.compile_tile(t)), stamped=func_attrs(kerns[t]))
-        print(f"tile {name(t)}: {rec['attrs'][name(t)]}", flush=True)
+        rec["attrs"][tile_name(t)] = dict(shipped=func_attrs(sb.compile_tile(t)), stamped=func_attrs(kerns[t]))
+        print(f"tile {tile_name(t)}: {rec['attrs'][tile_name(t)]}", flush=True)
     for cell in a.cells.split(","):
         n, q = (int(x) for x in cell.split("x"))
-        for t, pat in [(t, p) for t in [sb.tile(n)] + [e for e in extra if n <= (e[0] * e[1] if pairs else e * sb.ITEMS)] for p in a.patterns.split(",")]:
+        tiles = dict.fromkeys([module_tile(n, q)] + [e for e in extra if n <= (e[0] * e[1] if pairs else e * sb.ITEMS)])
+        for t, pat in [(t, p) for t in tiles for p in a.patterns.split(",")]:
             sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
             ref = [fuzz_select.ref_packed(s, i, a.k) for s, i in sets]
-            shipped = time_graph(lambda s, i: sb.block_select(s, i, a.k), sets, 20, 10) if t == sb.tile(n) else float("nan")
+            shipped = time_graph(lambda s, i: sb.block_select(s, i, a.k), sets, 20, 10) if t == module_tile(n, q) else float("nan")
             stamped = time_graph(lambda s, i: run_stamped(kerns[t], t, s, i, a.k), sets, 20, 10)
             exact = True
             rows = []
@@ -182,14 +188,14 @@ def main(argv=None) -> int:
             dur = statistics.median((g1 - g0).tolist())
             prev = torch.zeros_like(total)
             phases = {}
-            for j, name in enumerate([s[0] for s in STAMPS] + ["output"]):
-                phases[name] = statistics.median((cyc[:, j] - prev).tolist())
+            for j, phase in enumerate([s[0] for s in STAMPS] + ["output"]):
+                phases[phase] = statistics.median((cyc[:, j] - prev).tolist())
                 prev = cyc[:, j]
-            c = dict(n=n, q=q, pattern=pat, tile=name(t), exact=exact, shipped_us=shipped * 1e3, stamped_us=stamped * 1e3,
+            c = dict(n=n, q=q, pattern=pat, tile=tile_name(t), exact=exact, shipped_us=shipped * 1e3, stamped_us=stamped * 1e3,
                      block_cycles=statistics.median(total.tolist()), block_ns=dur, per_sm=overlap(rows[0]),
                      phases=phases)
             rec["cells"].append(c)
-            print(f"{pat:6s} {q:5d} x {n:6d} tile {name(t)}  shipped {c['shipped_us']:7.1f} us  stamped {c['stamped_us']:7.1f}  "
+            print(f"{pat:6s} {q:5d} x {n:6d} tile {tile_name(t)}  shipped {c['shipped_us']:7.1f} us  stamped {c['stamped_us']:7.1f}  "
                   f"exact {exact}  block {c['block_cycles']:.0f} cyc {dur / 1e3:.1f} us  per SM {c['per_sm']}", flush=True)
             print("    " + "  ".join(f"{k} {v:.0f}" for k, v in phases.items()), flush=True)
     with open(a.out, "w") as f:
