@@ -60,6 +60,10 @@ capture (as the Triton kernels). Shared memory: 42 KB static and ``DYN_BYTES`` d
 (the ordering's; the chunks kind launches without), which needs the function's opt-in beyond 48
 KB (``cuFuncSetAttribute``, set at compile). A long row's workspace: 12 bytes a slot, ``Q x
 chunks x kc`` slots (50 MB at 1024 rows of 32768, k = 2048), from torch's allocator.
+
+Tests: this source, as NVRTC gets it, runs on the CPU in CI (tests/test_select_block_cpu.py,
+through tests/cuda_on_cpu.py: every tile and kind against a plain sort, under seeded thread
+schedules) and on a GPU (tests/test_select_kernel_gpu.py, its ``block`` cases).
 """
 from __future__ import annotations
 

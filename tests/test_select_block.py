@@ -1,5 +1,6 @@
-"""The block path's dispatch and its CUDA source, on any machine (the kernel's exactness runs on
-the GPU: tests/test_select_kernel_gpu.py, every test with a ``block`` case)."""
+"""The block path's dispatch and its CUDA source, on any machine (the kernel's exactness: on the
+CPU, tests/test_select_block_cpu.py; on the GPU, tests/test_select_kernel_gpu.py, every test with a
+``block`` case)."""
 from __future__ import annotations
 
 import os

@@ -1234,6 +1234,27 @@ def test_block_path_long_rows(kind, n):
                     ref_packed(scores.contiguous(), ids.contiguous(), k), f"{kind} q={q} n={n} k={k}")
 
 
+def neginf_cutoff_case(q: int, n: int):
+    """Rows of a few finite scores, many -inf (valid ids), some NaN and the rest pads, the last
+    row with no -inf; and the k that put the cutoff just below, at and above the finite scores,
+    through the -inf tie and into the NaN below it: ``(scores, ids, ks)``."""
+    g = torch.Generator().manual_seed(n)
+    ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 3 + 5).to(torch.int32)
+    f, m, z = min(n // 10, 700), n // 2, n // 5  # finite, -inf, NaN a row; the rest pads
+    kind = torch.zeros(q, n, dtype=torch.int64)
+    kind[:, f:f + m] = 1
+    kind[:, f + m:f + m + z] = 2
+    kind[:, f + m + z:] = 3
+    kind = torch.gather(kind, 1, torch.rand(q, n, generator=g).argsort(dim=1))
+    kind[q - 1] = torch.where(kind[q - 1] == 1, torch.zeros_like(kind[q - 1]), kind[q - 1])  # a row with no -inf
+    scores = torch.where(kind == 0, torch.randn(q, n, generator=g), torch.tensor(float("-inf")))
+    scores = torch.where(kind == 2, torch.tensor(float("nan")), scores)
+    ids = torch.where(kind == 3, torch.full_like(ids, -1), ids)
+    ks = sorted({max(1, min(k, 2048)) for k in (1, f - 1, f, f + 1, f + m // 2, f + m - 1, f + m, f + m + 1,
+                                                  f + m + z + 5)})
+    return scores, ids, ks
+
+
 @pytest.mark.parametrize("n,chunk", [(300, None), (16384, None), (50000, None), (3000, 500)])
 def test_block_path_cutoff_at_neginf(n, chunk):
     """The block kernel takes a cutoff at -inf (a short context's pads with valid ids) from its
@@ -1243,21 +1264,8 @@ def test_block_path_cutoff_at_neginf(n, chunk):
 
     _require_kernel()
     _require_path("block")
-    g = torch.Generator().manual_seed(n)
-    q = 4
-    ids = (torch.rand(q, n, generator=g).argsort(dim=1) * 3 + 5).to(torch.int32)
-    f, m, z = min(n // 10, 700), n // 2, n // 5  # finite, -inf, NaN a row; the rest pads
-    kind = torch.zeros(q, n, dtype=torch.int64)
-    kind[:, f:f + m] = 1
-    kind[:, f + m:f + m + z] = 2
-    kind[:, f + m + z:] = 3
-    kind = torch.gather(kind, 1, torch.rand(q, n, generator=g).argsort(dim=1))
-    kind[3] = torch.where(kind[3] == 1, torch.zeros_like(kind[3]), kind[3])  # a row with no -inf
-    scores = torch.where(kind == 0, torch.randn(q, n, generator=g), torch.tensor(float("-inf")))
-    scores = torch.where(kind == 2, torch.tensor(float("nan")), scores)
-    ids = torch.where(kind == 3, torch.full_like(ids, -1), ids)
-    for k in sorted({1, f - 1, f, f + 1, f + m // 2, f + m - 1, f + m, f + m + 1, min(f + m + z + 5, 2048)}):
-        k = max(1, min(k, 2048))
+    scores, ids, ks = neginf_cutoff_case(4, n)
+    for k in ks:
         got = select_block.block_select(scores.cuda(), ids.cuda(), k, chunk=chunk)
         ref = ref_python(scores, ids, k) if n <= 300 else ref_packed(scores.cuda(), ids.cuda(), k)
         check_equal(got, ref, f"n={n} k={k} chunk={chunk}")

@@ -1,0 +1,137 @@
+"""The CPU runner of CUDA block kernels (tests/cuda_on_cpu.py) against plain Python: warp
+functions, barriers, shared memory, and what it reports instead of computing (a deadlock, a
+crash, a hang), so that a block kernel's CPU tests can fail where a GPU would."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuda_on_cpu
+
+pytestmark = pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+
+WARPS = r"""
+extern "C" __global__ void warps(const int* x, int* out) {
+  const int t = threadIdx.x, lane = t & 31;
+  int v = x[t];
+  out[t * 8 + 0] = (int)__ballot_sync(0xffffffffu, v & 1);
+  out[t * 8 + 1] = __shfl_sync(0xffffffffu, v, (lane * 7 + 3) & 31);
+  out[t * 8 + 2] = __shfl_up_sync(0xffffffffu, v, 5);
+  out[t * 8 + 3] = __shfl_xor_sync(0xffffffffu, v, 9);
+  out[t * 8 + 4] = __reduce_add_sync(0xffffffffu, v);
+  out[t * 8 + 5] = __reduce_min_sync(0xffffffffu, v);
+  out[t * 8 + 6] = (int)__reduce_max_sync(0xffffffffu, (unsigned)v);
+  unsigned long long w = ((unsigned long long)(unsigned)v << 32) | (unsigned)t;
+  out[t * 8 + 7] = (int)(__shfl_xor_sync(0xffffffffu, w, 1) >> 32);
+}
+"""
+
+
+def test_warp_functions_against_python():
+    k = cuda_on_cpu.build(WARPS, "warps")
+    n = 128
+    x = torch.randint(-1000, 1000, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
+    out = torch.zeros(n * 8, dtype=torch.int32)
+    k(grid=(1,), block=(n,), args=[x, out], seed=5)
+    xs = x.tolist()
+    got = out.view(n, 8).tolist()
+    for t in range(n):
+        w, lane = t // 32, t % 32
+        warp = xs[w * 32:(w + 1) * 32]
+        ballot = sum(1 << l for l in range(32) if warp[l] & 1)
+        ballot = ballot - (1 << 32) if ballot >= 1 << 31 else ballot
+        want = [ballot, warp[(lane * 7 + 3) & 31], warp[lane - 5] if lane >= 5 else warp[lane], warp[lane ^ 9],
+                sum(warp), min(warp), max(warp, key=lambda v: v & 0xFFFFFFFF), warp[lane ^ 1]]
+        assert got[t] == want, (t, got[t], want)
+
+
+RACE = r"""
+// a missing barrier: each thread reads the slot another warp wrote, with only a warp function between
+extern "C" __global__ void race(int* out) {
+  __shared__ int x[128];
+  const int t = threadIdx.x;
+  x[t] = t + 1;
+  int v = __shfl_sync(0xffffffffu, t, 0);
+  out[t] = x[127 - t] + 0 * v;
+}
+"""
+
+
+def test_a_missing_barrier_shows_under_a_seeded_schedule():
+    """Threads first come, first run (seed 0) happen to read what the other warp wrote; a seeded
+    schedule runs a warp ahead, and it reads shared memory's starting bytes instead."""
+    k = cuda_on_cpu.build(RACE, "race")
+    want = torch.arange(128, 0, -1, dtype=torch.int32)
+    out = torch.zeros(128, dtype=torch.int32)
+    k(grid=(1,), block=(128,), args=[out], seed=0)
+    assert torch.equal(out, want)
+    wrong = 0
+    for seed in range(1, 9):
+        k(grid=(1,), block=(128,), args=[out], seed=seed)
+        wrong += not torch.equal(out, want)
+    assert wrong > 0
+
+
+BLOCKS = r"""
+// a block's shared memory is its own: a block sums its row; threads of other blocks never see it
+extern "C" __global__ void sums(const int* x, int* out, int n) {
+  __shared__ int acc;
+  if (threadIdx.x == 0) acc = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&acc, x[blockIdx.y * gridDim.x * n + blockIdx.x * n + i]);
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.y * gridDim.x + blockIdx.x] = acc;
+}
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_blocks_and_atomics(seed):
+    k = cuda_on_cpu.build(BLOCKS, "sums")
+    x = torch.randint(-50, 50, (3, 5, 300), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    out = torch.zeros(3, 5, dtype=torch.int32)
+    k(grid=(5, 3), block=(96,), args=[x, out, 300], seed=seed)
+    assert torch.equal(out, x.sum(-1, dtype=torch.int32))
+
+
+FAULTS = r"""
+extern "C" __global__ void faults(int* out, int what) {
+  if (what == 0 && threadIdx.x < 32) __syncthreads();   // a barrier only some threads reach
+  if (what == 1) out[threadIdx.x] = ((int*)0)[threadIdx.x];   // a bad address
+  if (what == 2) for (;;) out[0] = out[0] + 1;   // no end
+  if (what == 3 && threadIdx.x >= 32) out[threadIdx.x] = __shfl_sync(0xffffu, 1, 0);   // a partial warp mask
+  if (what == 4) {   // lanes of one warp in different warp functions
+    if (threadIdx.x & 1) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
+    else out[threadIdx.x] = (int)__ballot_sync(0xffffffffu, 1);
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("what,match", [(0, "deadlock in block .*32 threads wait at __syncthreads, 0 in a warp "
+                                            "function, 32 have exited"),
+                                        (1, "crashed: SIGSEGV"), (2, "ran past 2 s"),
+                                        (3, "only the full warp mask"),
+                                        (4, "lanes in __shfl_sync and __ballot_sync at the same step|lanes in "
+                                            "__ballot_sync and __shfl_sync at the same step")])
+def test_what_a_gpu_would_not_finish_is_an_error_here(what, match):
+    """A kernel that would hang or fault on a GPU raises here, and the test process goes on."""
+    k = cuda_on_cpu.build(FAULTS, "faults")
+    k.timeout = 2.0
+    out = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=match):
+        k(grid=(1,), block=(64,), args=[out, what])
+    k.timeout = 120.0
+
+
+def test_launch_checks():
+    k = cuda_on_cpu.build(FAULTS, "faults")
+    out = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        k(grid=(1,), block=(64,), args=[out])
+    with pytest.raises(RuntimeError, match="whole warps"):
+        k(grid=(1,), block=(48,), args=[out, 5])
+    with pytest.raises(ValueError, match="pointers and integers only"):
+        cuda_on_cpu.build('extern "C" __global__ void f(float x) {}', "f")
+    with pytest.raises(RuntimeError, match="failed"):
+        cuda_on_cpu.build('extern "C" __global__ void g(int x) { undefined_thing(); }', "g")

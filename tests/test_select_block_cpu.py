@@ -1,0 +1,190 @@
+"""The block path's CUDA kernel (ops/select_block.py), the text NVRTC compiles, run on the CPU by
+tests/cuda_on_cpu.py: every tile and kind, through ``block_select`` (its chunking, workspace and
+merge), against the plain Python sort (tests/test_select_kernel_gpu.py's ``ref_python``; its
+packed-key torch.sort reference where rows are long) on ties at the cutoff, NaN with payloads,
++-0, -inf, pads, fewer than k valid, duplicate ids, clustered winner keys, and N not a power of
+two. Each case runs under two schedules (threads in order; a seeded random one, with shared
+memory's starting bytes random too), which must both be exact.
+
+What this does not show: speed, and anything the CPU runner does not model (cuda_on_cpu.h: warps
+do not run in lockstep, memory outside the given arrays is not checked). The GPU tests
+(tests/test_select_kernel_gpu.py, ``block`` cases) run the same kernel on an H200."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import cuda_on_cpu
+from test_select_kernel_gpu import (KINDS, _clustered, _mass_tie, check_equal, make_case, neginf_cutoff_case, ref_packed,
+                                    ref_python)
+from tpflare.ops import select_block
+
+pytestmark = pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+
+_BUILT: dict = {}  # (threads, kind) -> cuda_on_cpu.Kernel, for the module
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """``run(scores, ids, k, chunk=None, seed=0)``: select_block.block_select with its kernels
+    compiled for the CPU (the same source, tile and kind it would launch on a GPU), under the
+    schedule ``seed`` picks."""
+    seed = {"now": 0}
+    launched = []
+
+    def compile_tile(threads, device=None, kind="row"):
+        key = (int(threads), kind)
+        if key not in _BUILT:
+            _BUILT[key] = cuda_on_cpu.build(select_block.source(threads, kind), "tpflare_select_rows")
+        launched.append(key)
+        return functools.partial(_BUILT[key], seed=seed["now"])
+
+    monkeypatch.setattr(select_block, "compile_tile", compile_tile)
+
+    def run(scores, ids, k, chunk=None, seed_=0):
+        seed["now"] = seed_
+        return select_block.block_select(scores, ids, k, chunk=chunk)
+
+    run.launched = launched
+    return run
+
+
+def _both_schedules(run, scores, ids, k, ref, what, chunk=None, seed=1):
+    for s in (0, seed):
+        check_equal(run(scores, ids, k, chunk, s), ref, f"{what} schedule seed={s}")
+
+
+# (n, k): each tile (256: n <= 4096, 512: <= 8192, 1024: <= 16384), k of 1, k above the valid
+# count or n, a full 2048, n not a power of two
+ROWS = [(37, 5), (300, 1), (50, 80), (4096, 2048), (4097, 1000), (7001, 2048), (8193, 333), (16384, 2048)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,k", ROWS)
+def test_rows_against_python(on_cpu, kind, n, k):
+    """One block a row (kind ``row``), rows read at a stride (a slice of wider rows)."""
+    wide_s, wide_i = make_case(kind, 2, n + 5, k, seed=n * 7 + k)
+    scores, ids = wide_s[:, :n], wide_i[:, :n]
+    _both_schedules(on_cpu, scores, ids, k, ref_python(scores, ids, k), f"{kind} n={n} k={k}", seed=n + k)
+    assert set(on_cpu.launched) == {(select_block.tile(n), "row")}
+
+
+BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2047), (1000, 2048, 100),
+                (6144, 100, 1000), (5000, 2048, 4096), (300, 300, 150), (20000, 700, None)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,k,chunk", BLOCK_CHUNKS)
+def test_chunks_and_their_merge_against_python(on_cpu, kind, n, k, chunk):
+    """A row cut into chunks: a block a chunk keeps its best in no order with their positions
+    in the row (kind ``chunks``), a block a row merges them (``merge``); chunks of one candidate,
+    a last chunk of one, chunks shorter than k, k beyond n."""
+    assert select_block.chunking(n, k, chunk)[0] > 1
+    scores, ids = make_case(kind, 2, n, k, seed=n + k + (chunk or 0))
+    _both_schedules(on_cpu, scores, ids, k, ref_python(scores, ids, k), f"{kind} n={n} k={k} chunk={chunk}",
+                    chunk=chunk, seed=n + 3)
+    assert {kind for _, kind in on_cpu.launched} == {"chunks", "merge"}
+
+
+@pytest.mark.parametrize("n,chunk", [(6000, 1500), (6000, 4096), (40000, None)])
+def test_merge_orders_equal_keys_by_position(on_cpu, n, chunk):
+    """Equal keys (one id twice, both NaN, payloads differ) among the chunks' winners: the merge
+    orders them by their positions in the row, not by where the chunks wrote them (the chunks'
+    slots depend on the schedule). Each id sits at positions p and p + 32 (neighbouring warps),
+    in reverse too; odd and even k cut through the pairs."""
+    g = torch.Generator().manual_seed(n)
+    q = 2
+    base = (torch.randperm(n, generator=g)[: -(-n // 64) * 32] * 2 + 7).to(torch.int32)  # an id a pair
+    pos = torch.arange(n)
+    ids = base[(pos // 64) * 32 + pos % 32].expand(q, n).clone()
+    ids[1] = ids[1].flip(0)
+    payload = torch.randint(1, 1 << 22, (q, n), generator=g, dtype=torch.int32)
+    sign = torch.where(torch.rand(q, n, generator=g) < 0.5, 0, -(1 << 31)).to(torch.int32)
+    scores = (payload | 0x7F800000 | sign).view(torch.float32)
+    assert bool(torch.isnan(scores).all())
+    for k in (1, 1001, 2047):
+        assert select_block.chunking(n, k, chunk)[0] > 1
+        _both_schedules(on_cpu, scores, ids, k, ref_packed(scores, ids, k), f"n={n} k={k} chunk={chunk}",
+                        chunk=chunk, seed=k)
+
+
+@pytest.mark.parametrize("kind", ["random", "nandups", "padding"])
+def test_longest_row(on_cpu, kind):
+    """A row of MAX_N (131072) candidates: 8 chunks of 16384, their 8 x 2048 best merged by one
+    block of 1024 threads; and k = 1."""
+    n = select_block.MAX_N
+    scores, ids = make_case(kind, 1, n, 2048, seed=11)
+    for k in (2048, 1):
+        check_equal(on_cpu(scores, ids, k, None, 3), ref_packed(scores, ids, k), f"{kind} n={n} k={k}")
+    assert set(on_cpu.launched) == {(1024, "chunks"), (1024, "merge"), (256, "merge")}
+
+
+@pytest.mark.parametrize("n,chunk", [(300, None), (16384, None), (3000, 500)])
+def test_cutoff_at_neginf(on_cpu, n, chunk):
+    """A cutoff at -inf (a short context's pads with valid ids) from the kernel's counts, with no
+    radix pass on the score key: k just below, at and above the finite scores, through the -inf
+    tie and into the NaN below it; a row with no -inf."""
+    scores, ids, ks = neginf_cutoff_case(3, n)
+    for k in ks:
+        ref = ref_python(scores, ids, k) if n <= 3000 else ref_packed(scores, ids, k)
+        check_equal(on_cpu(scores, ids, k, chunk, k), ref, f"n={n} k={k} chunk={chunk}")
+
+
+@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys", "short_context",
+                                  "three_groups", "signs_tie"])
+def test_ordering_of_clustered_keys(on_cpu, kind):
+    """The ordering's parts and second level (order_winners) on winner keys that cluster: tie
+    groups across the cutoff, far outliers, duplicate ids, keys over 60 decades, a bucket of most
+    winners, both signs with +-0."""
+    for q, n, k in ((2, 3000, 1024), (1, 9000, 2048)):
+        scores, ids = _clustered(kind, q, n, seed=n + k)
+        _both_schedules(on_cpu, scores, ids, k, ref_python(scores, ids, k), f"{kind} q={q} n={n} k={k}", seed=q)
+
+
+@pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
+def test_mass_ties(on_cpu, kind):
+    """Most of the row at one key: the id and position levels of the radix select, the ordering
+    of one part."""
+    for n, k in ((16384, 2048), (5000, 1111)):
+        scores, ids = _mass_tie(kind, 2, n, seed=n)
+        _both_schedules(on_cpu, scores, ids, k, ref_packed(scores, ids, k), f"{kind} n={n} k={k}", seed=5)
+        if n <= 5000:
+            check_equal(on_cpu(scores, ids, k), ref_python(scores, ids, k), f"{kind} python n={n} k={k}")
+
+
+def test_empty_and_all_padding(on_cpu):
+    """No rows; rows of pads only (every output a pad: id -1, score -inf)."""
+    got = on_cpu(torch.zeros(0, 100), torch.zeros(0, 100, dtype=torch.int32), 7)
+    assert got[0].shape == (0, 7) and got[1].shape == (0, 7)
+    scores = torch.randn(2, 1000)
+    ids = torch.full((2, 1000), -1, dtype=torch.int32)
+    check_equal(on_cpu(scores, ids, 50, None, 9), ref_python(scores, ids, 50), "all pads")
+
+
+# a slip in the kernel, and what it does here: the CPU tests can fail
+BROKEN = {
+    # the block scan's reset of its maximum before every thread has read it: threads disagree on
+    # the second level, and a barrier some of them never reach (or a bucket past the end)
+    "scan resets early": ("  int big = sm.big;\n  __syncthreads();\n", "  int big = sm.big;\n"),
+    # equal keys ranked by position with <=: two winners take one output slot
+    "rank ties": ("(kj == kk && sm.wpos[j] < pp)", "(kj == kk && sm.wpos[j] <= pp)"),
+    # the radix select's bin test one short: the cutoff's bin is missed where the wanted count
+    # ends a lane's bins
+    "bin test": ("if (acc < rem && rem <= incl) {", "if (acc < rem && rem < incl) {"),
+}
+
+
+@pytest.mark.parametrize("slip", list(BROKEN))
+def test_a_broken_kernel_fails_here(monkeypatch, on_cpu, slip):
+    old, new = BROKEN[slip]
+    assert select_block.SOURCE.count(old) == 1
+    monkeypatch.setattr(select_block, "SOURCE", select_block.SOURCE.replace(old, new))
+    _BUILT.clear()  # (this source's kernels only, for this test)
+    try:
+        scores, ids = make_case("nandups", 2, 3000, 700, seed=7)
+        with pytest.raises((AssertionError, RuntimeError)):
+            _both_schedules(on_cpu, scores, ids, 700, ref_python(scores, ids, 700), slip)
+    finally:
+        _BUILT.clear()
