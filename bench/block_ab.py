@@ -55,13 +55,7 @@ def fuzz(seconds: float, seed: int) -> dict:
         q = max(1, min(q, (1 << 22) // n))
         s, i, info = fuzz_select.make_inputs(q, n, k, rng.randrange(1 << 30), "cuda")
         s, i = s.contiguous(), i.contiguous()
-        chunk = None  # a third of the cases: the row in shorter chunks than the default, where the merge holds them
-        if n > 1 and rng.random() < 1 / 3:
-            chunk = rng.randrange(1, min(n, new.TILE_N) + 1)
-            try:
-                new.chunking(n, k, chunk)
-            except ValueError:
-                chunk = None
+        chunk = fuzz_select.draw_chunk(rng, n, k, new)  # a third of the cases: shorter chunks than the default
         why = fuzz_select.mismatch(new.block_select(s, i, k, chunk=chunk), fuzz_select.ref_packed(s, i, k))
         cases += 1
         chunked += new.chunking(n, k, chunk)[0] > 1

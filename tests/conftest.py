@@ -5,6 +5,12 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--block-module", default=None, metavar="PATH",
+                     help="tests/test_select_block_cpu.py: run on this copy of ops/select_block.py (a variant: "
+                          "bench/block_variants.py) instead of the shipped module")
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

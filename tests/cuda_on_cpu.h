@@ -3,7 +3,7 @@
 // A launch runs its blocks one after another; a block's threads are fibers (ucontext, switched by
 // _setjmp/_longjmp) on one OS thread, each with its own stack. A thread runs until it waits: at
 // __syncthreads() until every thread of the block is there, at a warp function (__ballot_sync,
-// __shfl*_sync, __reduce_*_sync) until its 32 lanes are. Nothing runs in parallel, so atomics are
+// __match_any_sync, __shfl*_sync, __reduce_*_sync) until its 32 lanes are. Nothing runs in parallel, so atomics are
 // plain read-modify-writes that return the old value.
 //
 // What a GPU leaves open, a seed decides here. Seed 0: threads run first come, first run. Another
@@ -52,9 +52,10 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 namespace cuda_on_cpu {
 
 enum State { RUN, BARRIER, WARP, DONE, ABORTED };
-enum WarpOp { BALLOT = 1, SHFL, SHFL_UP, SHFL_XOR, RED_ADD, RED_MIN, RED_MAX, SYNCWARP };
+enum WarpOp { BALLOT = 1, SHFL, SHFL_UP, SHFL_XOR, RED_ADD, RED_MIN, RED_MAX, SYNCWARP, MATCH_ANY };
 static const char* const kOpName[] = {"", "__ballot_sync", "__shfl_sync", "__shfl_up_sync", "__shfl_xor_sync",
-                                      "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync", "__syncwarp"};
+                                      "__reduce_add_sync", "__reduce_min_sync", "__reduce_max_sync", "__syncwarp",
+                                      "__match_any_sync"};
 
 struct Thread {
   ucontext_t ctx;  // its first entry
@@ -185,6 +186,13 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
   return r;
 }
 template <class T>
+inline unsigned __match_any_sync(unsigned mask, T x) {  // the lanes whose value equals this lane's
+  const unsigned long long* v = cuda_on_cpu::exchange(cuda_on_cpu::MATCH_ANY, mask, cuda_on_cpu::to_bits(x));
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r |= (v[l] == cuda_on_cpu::to_bits(x) ? 1u : 0u) << l;
+  return r;
+}
+template <class T>
 inline T __shfl_sync(unsigned mask, T x, int src, int width = 32) {
   if (width != 32) cuda_on_cpu::fail("__shfl_sync: only width 32 is emulated");
   return cuda_on_cpu::from_bits<T>(cuda_on_cpu::exchange(cuda_on_cpu::SHFL, mask, cuda_on_cpu::to_bits(x))[src & 31]);
@@ -242,6 +250,7 @@ inline T atomicMax(T* p, U v) { return cuda_on_cpu::atomic_rmw(p, [v](T o) { ret
 template <class T>
 inline T __ldg(const T* p) { return *p; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }

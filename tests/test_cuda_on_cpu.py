@@ -3,6 +3,8 @@ functions, barriers, shared memory, and what it reports instead of computing (a 
 crash, a hang), so that a block kernel's CPU tests can fail where a GPU would."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -23,6 +25,8 @@ extern "C" __global__ void warps(const int* x, int* out) {
   out[t * 8 + 6] = (int)__reduce_max_sync(0xffffffffu, (unsigned)v);
   unsigned long long w = ((unsigned long long)(unsigned)v << 32) | (unsigned)t;
   out[t * 8 + 7] = (int)(__shfl_xor_sync(0xffffffffu, w, 1) >> 32);
+  out[8 * blockDim.x + t] = (int)__match_any_sync(0xffffffffu, v % 3);
+  out[9 * blockDim.x + t] = __ffs(v);
 }
 """
 
@@ -31,10 +35,11 @@ def test_warp_functions_against_python():
     k = cuda_on_cpu.build(WARPS, "warps")
     n = 128
     x = torch.randint(-1000, 1000, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
-    out = torch.zeros(n * 8, dtype=torch.int32)
+    out = torch.zeros(n * 10, dtype=torch.int32)
     k(grid=(1,), block=(n,), args=[x, out], seed=5)
     xs = x.tolist()
-    got = out.view(n, 8).tolist()
+    got = out[:n * 8].view(n, 8).tolist()
+    match, ffs = out[n * 8:n * 9].tolist(), out[n * 9:].tolist()
     for t in range(n):
         w, lane = t // 32, t % 32
         warp = xs[w * 32:(w + 1) * 32]
@@ -43,6 +48,9 @@ def test_warp_functions_against_python():
         want = [ballot, warp[(lane * 7 + 3) & 31], warp[lane - 5] if lane >= 5 else warp[lane], warp[lane ^ 9],
                 sum(warp), min(warp), max(warp, key=lambda v: v & 0xFFFFFFFF), warp[lane ^ 1]]
         assert got[t] == want, (t, got[t], want)
+        peers = sum(1 << l for l in range(32) if math.fmod(warp[l], 3) == math.fmod(xs[t], 3))  # (C's %)
+        assert match[t] & 0xFFFFFFFF == peers, t
+        assert ffs[t] == ((xs[t] & -xs[t]).bit_length() if xs[t] else 0), t
 
 
 RACE = r"""

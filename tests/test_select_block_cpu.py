@@ -8,47 +8,35 @@ memory's starting bytes random too), which must both be exact.
 
 What this does not show: speed, and anything the CPU runner does not model (cuda_on_cpu.h: warps
 do not run in lockstep, memory outside the given arrays is not checked). The GPU tests
-(tests/test_select_kernel_gpu.py, ``block`` cases) run the same kernel on an H200."""
-from __future__ import annotations
+(tests/test_select_kernel_gpu.py, ``block`` cases) run the same kernel on an H200.
 
-import functools
+``--block-module PATH`` runs these tests on another copy of the module (a kernel variant written
+by bench/block_variants.py)."""
+from __future__ import annotations
 
 import pytest
 import torch
 
 import cuda_on_cpu
+from block_on_cpu import BlockOnCpu, load_module
 from test_select_kernel_gpu import (KINDS, _clustered, _mass_tie, check_equal, make_case, neginf_cutoff_case, ref_packed,
                                     ref_python)
 from tpflare.ops import select_block
 
 pytestmark = pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 
-_BUILT: dict = {}  # (threads, kind) -> cuda_on_cpu.Kernel, for the module
+@pytest.fixture(scope="module")
+def sb(request):
+    """The module under test: ops/select_block.py, or the copy ``--block-module`` names."""
+    path = request.config.getoption("--block-module")
+    return select_block if path is None else load_module(path)
 
 
 @pytest.fixture
-def on_cpu(monkeypatch):
-    """``run(scores, ids, k, chunk=None, seed=0)``: select_block.block_select with its kernels
-    compiled for the CPU (the same source, tile and kind it would launch on a GPU), under the
-    schedule ``seed`` picks."""
-    seed = {"now": 0}
-    launched = []
-
-    def compile_tile(threads, device=None, kind="row"):
-        key = (int(threads), kind)
-        if key not in _BUILT:
-            _BUILT[key] = cuda_on_cpu.build(select_block.source(threads, kind), "tpflare_select_rows")
-        launched.append(key)
-        return functools.partial(_BUILT[key], seed=seed["now"])
-
-    monkeypatch.setattr(select_block, "compile_tile", compile_tile)
-
-    def run(scores, ids, k, chunk=None, seed_=0):
-        seed["now"] = seed_
-        return select_block.block_select(scores, ids, k, chunk=chunk)
-
-    run.launched = launched
-    return run
+def on_cpu(sb):
+    """``run(scores, ids, k, chunk=None, seed=0)``: ``sb.block_select`` with its kernels built for
+    the CPU (tests/block_on_cpu.py); ``run.launched``: the (threads, kind) of its launches."""
+    return BlockOnCpu(sb)
 
 
 def _both_schedules(run, scores, ids, k, ref, what, chunk=None, seed=1):
@@ -63,12 +51,12 @@ ROWS = [(37, 5), (300, 1), (50, 80), (4096, 2048), (4097, 1000), (7001, 2048), (
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,k", ROWS)
-def test_rows_against_python(on_cpu, kind, n, k):
+def test_rows_against_python(on_cpu, sb, kind, n, k):
     """One block a row (kind ``row``), rows read at a stride (a slice of wider rows)."""
     wide_s, wide_i = make_case(kind, 2, n + 5, k, seed=n * 7 + k)
     scores, ids = wide_s[:, :n], wide_i[:, :n]
     _both_schedules(on_cpu, scores, ids, k, ref_python(scores, ids, k), f"{kind} n={n} k={k}", seed=n + k)
-    assert set(on_cpu.launched) == {(select_block.tile(n), "row")}
+    assert set(on_cpu.launched) == {(sb.tile(n), "row")}
 
 
 BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2047), (1000, 2048, 100),
@@ -77,11 +65,11 @@ BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,k,chunk", BLOCK_CHUNKS)
-def test_chunks_and_their_merge_against_python(on_cpu, kind, n, k, chunk):
+def test_chunks_and_their_merge_against_python(on_cpu, sb, kind, n, k, chunk):
     """A row cut into chunks: a block a chunk keeps its best in no order with their positions
     in the row (kind ``chunks``), a block a row merges them (``merge``); chunks of one candidate,
     a last chunk of one, chunks shorter than k, k beyond n."""
-    assert select_block.chunking(n, k, chunk)[0] > 1
+    assert sb.chunking(n, k, chunk)[0] > 1
     scores, ids = make_case(kind, 2, n, k, seed=n + k + (chunk or 0))
     _both_schedules(on_cpu, scores, ids, k, ref_python(scores, ids, k), f"{kind} n={n} k={k} chunk={chunk}",
                     chunk=chunk, seed=n + 3)
@@ -89,7 +77,7 @@ def test_chunks_and_their_merge_against_python(on_cpu, kind, n, k, chunk):
 
 
 @pytest.mark.parametrize("n,chunk", [(6000, 1500), (6000, 4096), (40000, None)])
-def test_merge_orders_equal_keys_by_position(on_cpu, n, chunk):
+def test_merge_orders_equal_keys_by_position(on_cpu, sb, n, chunk):
     """Equal keys (one id twice, both NaN, payloads differ) among the chunks' winners: the merge
     orders them by their positions in the row, not by where the chunks wrote them (the chunks'
     slots depend on the schedule). Each id sits at positions p and p + 32 (neighbouring warps),
@@ -105,16 +93,16 @@ def test_merge_orders_equal_keys_by_position(on_cpu, n, chunk):
     scores = (payload | 0x7F800000 | sign).view(torch.float32)
     assert bool(torch.isnan(scores).all())
     for k in (1, 1001, 2047):
-        assert select_block.chunking(n, k, chunk)[0] > 1
+        assert sb.chunking(n, k, chunk)[0] > 1
         _both_schedules(on_cpu, scores, ids, k, ref_packed(scores, ids, k), f"n={n} k={k} chunk={chunk}",
                         chunk=chunk, seed=k)
 
 
 @pytest.mark.parametrize("kind", ["random", "nandups", "padding"])
-def test_longest_row(on_cpu, kind):
+def test_longest_row(on_cpu, sb, kind):
     """A row of MAX_N (131072) candidates: 8 chunks of 16384, their 8 x 2048 best merged by one
     block of 1024 threads; and k = 1."""
-    n = select_block.MAX_N
+    n = sb.MAX_N
     scores, ids = make_case(kind, 1, n, 2048, seed=11)
     for k in (2048, 1):
         check_equal(on_cpu(scores, ids, k, None, 3), ref_packed(scores, ids, k), f"{kind} n={n} k={k}")
@@ -177,14 +165,39 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("slip", list(BROKEN))
-def test_a_broken_kernel_fails_here(monkeypatch, on_cpu, slip):
+def test_a_broken_kernel_fails_here(monkeypatch, on_cpu, sb, slip):
     old, new = BROKEN[slip]
-    assert select_block.SOURCE.count(old) == 1
-    monkeypatch.setattr(select_block, "SOURCE", select_block.SOURCE.replace(old, new))
-    _BUILT.clear()  # (this source's kernels only, for this test)
-    try:
-        scores, ids = make_case("nandups", 2, 3000, 700, seed=7)
-        with pytest.raises((AssertionError, RuntimeError)):
-            _both_schedules(on_cpu, scores, ids, 700, ref_python(scores, ids, 700), slip)
-    finally:
-        _BUILT.clear()
+    if sb.SOURCE.count(old) != 1:
+        pytest.skip(f"the module under test has no such text ({slip})")
+    monkeypatch.setattr(sb, "SOURCE", sb.SOURCE.replace(old, new))  # (source() reads it at each call)
+    scores, ids = make_case("nandups", 2, 3000, 700, seed=7)
+    with pytest.raises((AssertionError, RuntimeError)):
+        _both_schedules(on_cpu, scores, ids, 700, ref_python(scores, ids, 700), slip)
+
+
+def test_fuzzed_cases(on_cpu, sb):
+    """Cases drawn by tools/fuzz_select.py's generator (shapes at the kernels' edges; normal,
+    level, bit-pattern, sorted, ulp-apart, octave, short-context and cutoff-bin scores with NaN,
+    +-0 and +-inf sprinkled; distinct, positional, duplicated and shared ids, some invalid; rows
+    of a wider buffer), a third of them cut into shorter chunks than the default, each under its
+    own schedule, against the packed-key reference."""
+    import os
+    import random
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import fuzz_select
+
+    rng = random.Random(25)
+    chunked = 0
+    for case in range(24):
+        q, n, k = fuzz_select.draw_shape(rng, 1 << 17, max_rows=8)
+        n = min(n, sb.MAX_N)
+        q = max(1, min(q, (1 << 17) // n))
+        scores, ids, info = fuzz_select.make_inputs(q, n, k, rng.randrange(1 << 30), "cpu")
+        chunk = fuzz_select.draw_chunk(rng, n, k, sb)
+        chunked += sb.chunking(n, k, chunk)[0] > 1
+        got = on_cpu(scores, ids, k, chunk, case + 1)
+        why = fuzz_select.mismatch(got, ref_packed(scores.contiguous(), ids.contiguous(), k))
+        assert why is None, f"case {case}: q={q} n={n} k={k} chunk={chunk} {info}: {why}"
+    assert chunked >= 3

@@ -199,6 +199,20 @@ def make_inputs(q: int, n: int, k: int, seed: int, dev) -> tuple[torch.Tensor, t
     return scores, ids, dict(patterns=[f"{a}/{b}" for a, b in kinds], strided=scores.stride(0) != n)
 
 
+def draw_chunk(rng: random.Random, n: int, k: int, block_module, share: float = 1 / 3) -> int | None:
+    """For the block path (``block_module``: ops/select_block.py or a copy): with probability
+    ``share``, a chunk shorter than the default for a row of ``n`` (its chunks' best merged by one
+    block), where the merge holds what they keep; else None (the default chunking)."""
+    if n <= 1 or rng.random() >= share:
+        return None
+    chunk = rng.randrange(1, min(n, block_module.TILE_N) + 1)
+    try:
+        block_module.chunking(n, k, chunk)
+    except ValueError:
+        return None
+    return chunk
+
+
 def special(scores: torch.Tensor, ids: torch.Tensor, k: int) -> bool:
     """Whether a case holds at least min(k, 8) valid candidates and, among them, what the order
     rule singles out: a NaN, an infinity, a zero, a subnormal, or an id held twice in a row (a

@@ -1,0 +1,231 @@
+"""Variants of the block path's kernel (ops/select_block.py), for A/B timing on a GPU and for
+the CPU runner's exactness tests: each is the shipped module with a few exact text edits of its
+kernel source (``VARIANTS``), written out as a module file that ``bench/block_ab.py --old`` and
+``tests/test_select_block_cpu.py --block-module`` take.
+
+    python3 bench/block_variants.py --out /tmp/variants              # every variant
+    python3 bench/block_variants.py --out /tmp/variants scan match   # some; "a+b" combines them
+    python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/variants/scan+match.py
+    python3 bench/block_ab.py --old /tmp/variants/scan+match.py --out ab.json   # (GPU)
+
+An edit names the lines it replaces by their first and last (the first held by one line of the
+shipped module); where the module has changed under it, writing the variant raises. What each one is for, and what was measured:
+docs/benchmarks_select_kernel.md (session 25).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIPPED = os.path.join(HERE, "..", "ops", "select_block.py")
+
+# An edit is (first, last, new): the module's text from its one line holding ``first`` through the
+# next line holding ``last`` becomes ``new``; or a Sub: every match of a pattern, which must match
+# at least ``count`` times (variants combined may add matches).
+
+
+@dataclasses.dataclass(frozen=True)
+class Sub:
+    pattern: str
+    repl: str
+    count: int
+
+# the winners' slots from one scan of the threads' winner counts, not a ballot and an atomic on
+# one shared counter for each warp and slot (session 24's profile: 7,900 of 44,900 cycles a block
+# at 1024 x 16384)
+_SCAN = [
+    ("// the winners to shared memory: packed key", "for (int t = 0; t < ITEMS; ++t) {", """\
+  // the winners to shared memory: packed key (score key above inverted id), position; a thread's
+  // winners in slot order from its offset in a scan of the threads' counts (sm.mem: free until
+  // the ordering)
+  u32 wins = 0;
+#pragma unroll
+  for (int t = 0; t < ITEMS; ++t) {
+"""),
+    ("u32 bal = __ballot_sync(FULL, win);", "__syncthreads();", """\
+    wins |= (u32)win << t;
+  }
+  {
+    constexpr int E = 2048 / THREADS;  // (scan2048's entries a thread: its own, read before its first barrier)
+    sm.mem[tid * E] = __popc(wins);
+#pragma unroll
+    for (int e = 1; e < E; ++e) sm.mem[tid * E + e] = 0;
+    scan2048(sm.mem, sm);
+    int slot = sm.mem[tid * E];
+#pragma unroll
+    for (int t = 0; t < ITEMS; ++t) {
+      if ((wins >> t) & 1u) {
+        sm.wkey[slot] = ((i64)u[t] << 31) | (i64)(0x7FFFFFFFu - (u32)id[t]);
+        sm.wpos[slot] = t * THREADS + tid;
+        ++slot;
+      }
+    }
+  }
+  __syncthreads();
+"""),
+]
+
+# a histogram pass's shared atomics, one a bin a warp: the lanes whose candidate falls in one bin
+# (__match_any_sync) add their count through the lowest of them. Random normal scores' first
+# digit (sign and 7 exponent bits) crowds a few bins; mass ties crowd one.
+_MATCH = [
+    ("atomicAdd(&sm.hist[b], 1);", "atomicAdd(&sm.hist[b], 1);", ""),
+    ("int b = in ? (int)((key[t] >> s) & 255u) : 256;", "int b = in ?", """\
+      int b = in ? (int)((key[t] >> s) & 255u) : 256;
+      const u32 peers = __match_any_sync(FULL, b);
+      if (in && (peers & ((1u << lane) - 1u)) == 0) atomicAdd(&sm.hist[b], __popc(peers));
+"""),
+]
+
+# as _MATCH, for the bin of the first lane in play only (a ballot and a shuffle, no match): the
+# other lanes add one each
+_PEEL = [
+    ("atomicAdd(&sm.hist[b], 1);", "atomicAdd(&sm.hist[b], 1);", ""),
+    ("int b = in ? (int)((key[t] >> s) & 255u) : 256;", "int b = in ?", """\
+      int b = in ? (int)((key[t] >> s) & 255u) : 256;
+      const int lead = __ffs((int)__ballot_sync(FULL, in)) - 1;
+      const int lb = __shfl_sync(FULL, b, lead < 0 ? 0 : lead);
+      const u32 same = __ballot_sync(FULL, in && b == lb);
+      if (in && b != lb) atomicAdd(&sm.hist[b], 1);
+      if (in && lane == lead) atomicAdd(&sm.hist[b], __popc(same));
+"""),
+]
+
+# two blocks an SM for the 512-thread tile (rows of 4097-8192): 64 registers a thread (session
+# 24: 0.73-0.87x the time at 1024 x 8192; not timed at fewer rows)
+_LB2_512 = [
+    ("__launch_bounds__(THREADS, 1)", "__launch_bounds__(THREADS, 1)",
+     'extern "C" __global__ void __launch_bounds__(THREADS, THREADS == 512 ? 2 : 1)\n'),
+]
+
+# two blocks an SM for rows of 8193-16384: the row's score keys in dynamic shared memory (64 KB,
+# which the ordering's second level takes after the winners are written) and its ids read again
+# where needed, so that a tile of 512 threads of 32 candidates fits 64 registers a thread; its
+# two blocks an SM hold 2 x 106 KB of shared memory. Session 24's profile: a block of the
+# 1024-thread tile is mostly latency (the same cycles at 64 rows as at 1024), and two blocks an SM
+# took the 512 tile's time to 0.73x at 1024 x 8192. The tile keeps its name (1024) in the plans.
+_SMEM_KEYS = [
+    ("DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4", "DYN_BYTES = ", """\
+DYN_BYTES = max(MAX_K * 8 * 2 + MAX_K * 4, 4 * TILE_N)  # the row's keys; then the ordering's second level
+SHAPE = {256: (256, 16), 512: (512, 16), 1024: (512, 32)}  # a tile's threads, and candidates a thread
+"""),
+    ('return (f"#define THREADS {int(threads)}', "#define THREADS {int(threads)}", """\
+    return (f"#define THREADS {SHAPE[int(threads)][0]}\\n#define ITEMS {SHAPE[int(threads)][1]}\\n#define KMAX {MAX_K}\\n"
+"""),
+    ("grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,", "block=(t, 1, 1)", """\
+            grid=(q, 1, 1), block=(SHAPE[t][0], 1, 1), shared_mem=DYN_BYTES,
+"""),
+    ('compile_tile(t1, dev.index, "chunks")(', "block=(t1, 1, 1), shared_mem=0,", """\
+    compile_tile(t1, dev.index, "chunks")(  # (the row's keys in dynamic shared memory)
+        grid=(q, chunks, 1), block=(SHAPE[t1][0], 1, 1), shared_mem=DYN_BYTES,
+"""),
+    ("grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,", "block=(t2, 1, 1)", """\
+        grid=(q, 1, 1), block=(SHAPE[t2][0], 1, 1), shared_mem=DYN_BYTES,
+"""),
+    ("__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS]", "radix_select(const u32 (&key)", """\
+// a thread's candidate slots as a function of the slot (read like a register array: s[t])
+template <class F>
+struct Slots {
+  F f;
+  __device__ __forceinline__ decltype(auto) operator[](int t) const { return f(t); }
+};
+template <class F>
+__device__ __forceinline__ Slots<F> slots(F f) { return Slots<F>{f}; }
+
+template <class K>
+__device__ __forceinline__ void radix_select(const K& key, u32 play, int need, int total, int narrow,
+"""),
+    ("const bool span = THREADS == 1024;", "const bool span", """\
+    const bool span = THREADS * ITEMS == 16384;
+"""),
+    ("__launch_bounds__(THREADS, 1)", "__launch_bounds__(THREADS, 1)", """\
+extern "C" __global__ void __launch_bounds__(THREADS, THREADS * ITEMS == 16384 ? 2 : 1)
+"""),
+    ("  u32 u[ITEMS];", "  int id[ITEMS];", """\
+  u32* const keys = reinterpret_cast<u32*>(dyn);  // the row's score keys, slot t of thread tid at t * THREADS + tid
+  const auto u = slots([&](int t) -> u32& { return keys[t * THREADS + tid]; });
+  const auto id = slots([&](int t) -> int {
+    const int p = t * THREADS + tid;
+    return p < N ? __ldg(irow + p) : -1;
+  });
+"""),
+    ("id[t] = p < N ? __ldg(irow + p) : -1;", "if (id[t] >= 0) {", """\
+    const int idt = p < N ? __ldg(irow + p) : -1;
+    u[t] = order_key(b, idt);
+    if (idt >= 0) {
+"""),
+    ("u32 v[ITEMS];", "v[t] = 0x7FFFFFFFu - (u32)id[t];", """\
+      const auto v = slots([&](int t) -> u32 { return 0x7FFFFFFFu - (u32)id[t]; });
+      u32 play = 0;
+#pragma unroll
+      for (int t = 0; t < ITEMS; ++t) {
+"""),
+    ("u32 w[ITEMS];", "w[t] = ~(u32)position(t * THREADS + tid);", """\
+        const auto w = slots([&](int t) -> u32 { return ~(u32)position(t * THREADS + tid); });
+        u32 play3 = 0;
+#pragma unroll
+        for (int t = 0; t < ITEMS; ++t) {
+          if (((play >> t) & 1u) && v[t] == T2) {
+            play3 |= 1u << t;
+"""),
+    # the loops over a thread's slots unrolled by 8, not whole: whole, nvcc keeps 112 registers (248 /
+    # 800 bytes spilled at 64); by 8, 55 and none spilled (nvcc 13.0, sm_90)
+    Sub(r"#pragma unroll\n(\s*for \(int t = 0; t < ITEMS; \+\+t\))", r"#pragma unroll 8\n\1", 6),
+]
+
+VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS}
+
+
+def _edit(text: str, edit, what: str) -> str:
+    if isinstance(edit, Sub):
+        text, n = re.subn(edit.pattern, edit.repl, text)
+        if n < edit.count:
+            raise ValueError(f"variant {what}: {edit.pattern!r} matched {n} times, fewer than {edit.count}")
+        return text
+    first, last, new = edit
+    lines = text.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if first in line]
+    if len(at) != 1:
+        raise ValueError(f"variant {what}: {len(at)} lines of the module hold {first!r}, not one")
+    end = next((j for j in range(at[0], len(lines)) if last in lines[j]), None)
+    if end is None:
+        raise ValueError(f"variant {what}: no line holds {last!r} after {first!r}")
+    return "".join(lines[:at[0]]) + new + "".join(lines[end + 1:])
+
+
+def module_text(name: str, shipped: str | None = None) -> str:
+    """The shipped module's text with the edits of ``name`` (variants joined by ``+``)."""
+    with open(shipped or SHIPPED) as f:
+        text = f.read()
+    for part in name.split("+"):
+        if part not in VARIANTS:
+            raise KeyError(f"no variant {part!r} (have {', '.join(VARIANTS)})")
+        for edit in VARIANTS[part]:
+            text = _edit(text, edit, part)
+    return text
+
+
+def write(name: str, out_dir: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.py")
+    with open(path, "w") as f:
+        f.write(f"# bench/block_variants.py: ops/select_block.py with the edits of {name!r}\n" + module_text(name))
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for the variants' module files")
+    ap.add_argument("names", nargs="*", help=f"variants (default: each of {', '.join(VARIANTS)}); a+b combines")
+    args = ap.parse_args(argv)
+    for name in args.names or list(VARIANTS):
+        print(write(name, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Differential fuzzing of the block path's CUDA kernel on the CPU (no GPU needed): the kernel text
+NVRTC compiles, built by tests/cuda_on_cpu.py, through ``block_select``; cases from
+tools/fuzz_select.py's generator (its shapes capped, a third in shorter chunks than the default),
+each under its own random thread schedule, bit for bit against the packed-key reference.
+
+    python tools/fuzz_block_cpu.py --seconds 600 [--seed S] [--module bench-variant.py] [--max-elems N]
+                                   [--out fuzz.json] [--save DIR]
+
+``--module``: a copy of ops/select_block.py (a variant written by bench/block_variants.py).
+Exit status 1 when any case mismatched or a launch failed (a deadlock, a crash, a hang).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import fuzz_select  # noqa: E402
+from block_on_cpu import BlockOnCpu, load_module  # noqa: E402
+from test_select_kernel_gpu import ref_packed  # noqa: E402
+
+from tpflare.ops import select_block  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=300.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--module", help="a copy of ops/select_block.py to fuzz instead of the shipped one")
+    ap.add_argument("--max-elems", type=int, default=1 << 18, help="at most this many candidates a case (Q x N)")
+    ap.add_argument("--out", help="write the summary (JSON) here")
+    ap.add_argument("--save", help="write each failing case's inputs into this folder")
+    a = ap.parse_args(argv)
+    mod = load_module(a.module) if a.module else select_block
+    run = BlockOnCpu(mod)
+    rng = random.Random(a.seed)
+    t0 = time.time()
+    cases, chunked, bad = 0, 0, []
+    while time.time() - t0 < a.seconds:
+        q, n, k = fuzz_select.draw_shape(rng, a.max_elems, max_rows=16)
+        n = min(n, mod.MAX_N)
+        q = max(1, min(q, a.max_elems // n))
+        case_seed = rng.randrange(1 << 30)
+        scores, ids, info = fuzz_select.make_inputs(q, n, k, case_seed, "cpu")
+        chunk = fuzz_select.draw_chunk(rng, n, k, mod)
+        try:
+            why = fuzz_select.mismatch(run(scores, ids, k, chunk, case_seed % 1000 + 1),
+                                       ref_packed(scores.contiguous(), ids.contiguous(), k))
+        except RuntimeError as e:  # the CPU runner's report: a deadlock, a crash, a hang
+            why = str(e)
+        cases += 1
+        chunked += mod.chunking(n, k, chunk)[0] > 1
+        if why:
+            case = dict(q=q, n=n, k=k, chunk=chunk, seed=case_seed, info=info, why=why)
+            bad.append(case)
+            print(f"MISMATCH {case}", flush=True)
+            if a.save:
+                os.makedirs(a.save, exist_ok=True)
+                torch.save(dict(scores=scores, ids=ids, **case), os.path.join(a.save, f"case{len(bad)}.pt"))
+    summary = dict(module=a.module or "ops/select_block.py", seconds=round(time.time() - t0, 1), seed=a.seed,
+                   cases=cases, chunked=chunked, mismatches=len(bad), first=bad[:5])
+    print(json.dumps({k: v for k, v in summary.items() if k != "first"}), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
