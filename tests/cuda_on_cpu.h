@@ -17,9 +17,11 @@
 // What it refuses (the launch returns the reason): a barrier or warp function some threads never
 // reach (a deadlock: threads exited or wait elsewhere), lanes of a warp in different warp
 // functions at the same step, a warp mask other than all 32 lanes, a block not a whole number of
-// warps. Not emulated: memory outside the arrays it is given is not checked; warps do not run in
-// lockstep (code that relies on implicit warp-synchronous execution without __syncwarp or a
-// *_sync function is not modelled); clock64, cp.async and inline PTX do not exist.
+// warps, and an index past an array of known size, a __shared__ struct's member arrays included
+// (the build's -fsanitize=bounds). Not emulated: memory reached through pointers outside the
+// arrays a launch is given is not checked; warps do not run in lockstep (code that relies on
+// implicit warp-synchronous execution without __syncwarp or a *_sync function is not modelled);
+// clock64, cp.async and inline PTX do not exist.
 //
 // cuda_on_cpu.py includes this before a kernel's source, in which it has replaced the
 // `__shared__` declarations by calls to static_shared / dynamic_shared below.

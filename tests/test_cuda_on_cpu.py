@@ -103,11 +103,18 @@ def test_blocks_and_atomics(seed):
 
 
 FAULTS = r"""
+struct Two { int a[64]; int b[64]; };
 extern "C" __global__ void faults(int* out, int what) {
   if (what == 0 && threadIdx.x < 32) __syncthreads();   // a barrier only some threads reach
   if (what == 1) out[threadIdx.x] = ((int*)0)[threadIdx.x];   // a bad address
   if (what == 2) for (;;) out[0] = out[0] + 1;   // no end
   if (what == 3 && threadIdx.x >= 32) out[threadIdx.x] = __shfl_sync(0xffffu, 1, 0);   // a partial warp mask
+  if (what == 5) {   // an index past a shared struct's member array
+    __shared__ Two two;
+    two.a[threadIdx.x + 8] = 1;
+    __syncthreads();
+    out[threadIdx.x] = two.b[0];
+  }
   if (what == 4) {   // lanes of one warp in different warp functions
     if (threadIdx.x & 1) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
     else out[threadIdx.x] = (int)__ballot_sync(0xffffffffu, 1);
@@ -121,7 +128,8 @@ extern "C" __global__ void faults(int* out, int what) {
                                         (1, "crashed: SIGSEGV"), (2, "ran past 2 s"),
                                         (3, "only the full warp mask"),
                                         (4, "lanes in __shfl_sync and __ballot_sync at the same step|lanes in "
-                                            "__ballot_sync and __shfl_sync at the same step")])
+                                            "__ballot_sync and __shfl_sync at the same step"),
+                                        (5, "crashed: SIGILL \\(an index out of an array's bounds\\)")])
 def test_what_a_gpu_would_not_finish_is_an_error_here(what, match):
     """A kernel that would hang or fault on a GPU raises here, and the test process goes on."""
     k = cuda_on_cpu.build(FAULTS, "faults")

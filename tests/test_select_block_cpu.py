@@ -7,7 +7,8 @@ two. Each case runs under two schedules (threads in order; a seeded random one, 
 memory's starting bytes random too), which must both be exact.
 
 What this does not show: speed, and anything the CPU runner does not model (cuda_on_cpu.h: warps
-do not run in lockstep, memory outside the given arrays is not checked). The GPU tests
+do not run in lockstep; memory reached through pointers outside the given arrays is not checked,
+while an index past the shared struct's member arrays stops the launch). The GPU tests
 (tests/test_select_kernel_gpu.py, ``block`` cases) run the same kernel on an H200.
 
 ``--block-module PATH`` runs these tests on another copy of the module (a kernel variant written
