@@ -6,6 +6,7 @@ global timer, to a buffer; the module's own launch (``shipped``) is timed beside
 replay) so the stamps' own cost shows. Each cell is checked against the GPU tests' reference.
 
     python3 bench/block_phases.py --out phases.json [--cells 16384x64,16384x1024] [--patterns random,ties,short]
+                                  [--module variant.py]   (a variant of bench/block_variants.py)
 
 Per cell it prints each phase's median cycles over the blocks, the median block duration (ns) and
 how many blocks shared an SM at once (the most blocks whose [start, end] overlap on one SM), and
@@ -26,8 +27,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 import fuzz_select  # noqa: E402  (the tests' ref_packed and mismatch)
+from block_on_cpu import load_module  # noqa: E402
 
 from tpflare.ops import select_block as sb  # noqa: E402
 
@@ -92,7 +95,12 @@ def stamped_source(tile) -> str:
 
 
 def threads(t) -> int:
-    return t if isinstance(t, int) else t[0]
+    """A tile's threads a block: a pair's first, or the tile itself, or where the module launches a
+    named tile on other threads (a variant's ``SHAPE``: name -> (threads, items)), those."""
+    if not isinstance(t, int):
+        return t[0]
+    shape = getattr(sb, "SHAPE", None)
+    return shape[t][0] if shape else t
 
 
 def tile_name(t) -> str:
@@ -147,12 +155,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", default="16384x64,16384x1024,8192x1024,4096x1024")
     ap.add_argument("--patterns", default="random,ties,short")
     ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--module", help="a copy of ops/select_block.py (a variant of bench/block_variants.py) to profile "
+                    "instead of the shipped one")
     ap.add_argument("--tiles", default="", help="more tiles to run each cell on where they hold it (1024, or 1024x16 where "
                     "the module's tiles are pairs), beside the one block_select runs")
     a = ap.parse_args(argv)
+    if a.module:
+        global sb
+        sb = load_module(a.module)
     pairs = not isinstance(sb.TILES[0], int)
     extra = [tuple(int(x) for x in t.split("x")) if pairs else int(t) for t in a.tiles.split(",") if t]
-    rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, phases=["start"] + [s[0] for s in STAMPS],
+    rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, module=a.module or "ops/select_block.py",
+                     phases=["start"] + [s[0] for s in STAMPS],
                      cells=[], attrs={})
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call (about 5-8 minutes on an H200): the block kernel's variants (bench/block_variants.py)
-# against the shipped kernel, every cell checked bit for bit, then the block path's GPU tests.
-#   bash bench/block_variants_gpu.sh                 (results in $OUT: variants_ab.json, log.txt)
+# One device call: the block kernel's variants (bench/block_variants.py) against the shipped kernel,
+# every cell checked bit for bit; one variant's phases; the block path's GPU tests. At most 9
+# minutes: its steps time out at 330 + 120 + 90 s, within the device tool's 600 a call.
+#   bash bench/block_variants_gpu.sh   (results in $OUT: variants_ab.json, variant_phases.json, log.txt)
 #   CELLS=8192x64,8192x1024,4096x1024,24576x1024 bash bench/block_variants_gpu.sh   (a second call)
 #   VARIANTS="scan scan+match" CELLS=16384x1024 bash bench/block_variants_gpu.sh
 # Before a call: every variant passes the CPU runner's tests
@@ -14,14 +15,20 @@ VARIANTS=${VARIANTS:-"scan match peel scan+match smem_keys scan+smem_keys scan+m
 # ties were slower than fp32 topk (sessions 22-23). A second call: the 512 tile at 64 and 1024 rows
 # (lb2_512 was timed at 1024 only), the 256 tile, 24576
 CELLS=${CELLS:-16384x64,16384x1024,16384x4096,32768x1024}
+# the variant whose phases are profiled (clock stamps at the phase boundaries), and where
+PROFILE=${PROFILE:-scan+match+smem_keys}
+PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
 {
   # shellcheck disable=SC2086
-  python3 bench/block_variants.py --out "$V" $VARIANTS
+  python3 bench/block_variants.py --out "$V" $VARIANTS "$PROFILE"
   olds=()
   for v in $VARIANTS; do olds+=(--old "$V/$v.py"); done
   echo "=== A/B (old columns: the variants; new: the shipped kernel)"
-  timeout 500 python3 bench/block_ab.py "${olds[@]}" --cells "$CELLS" --patterns random,ties,short --fuzz-seconds 0 \
+  timeout 330 python3 bench/block_ab.py "${olds[@]}" --cells "$CELLS" --patterns random,ties,short --fuzz-seconds 0 \
     --out "$OUT/variants_ab.json"
+  echo "=== phases of $PROFILE (bench/block_phases.py)"
+  timeout 120 python3 bench/block_phases.py --module "$V/$PROFILE.py" --cells "$PROFILE_CELLS" --patterns random,ties \
+    --out "$OUT/variant_phases.json"
   echo "=== block path GPU tests (shipped kernel)"
-  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_select_kernel_gpu.py -k block 2>&1 | tail -4
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_select_kernel_gpu.py -k block 2>&1 | tail -4
 } 2>&1 | tee "$OUT/log.txt"
