@@ -25,7 +25,7 @@ def _gpu_call_variants() -> list[str]:
 
 def test_every_variant_applies_to_the_shipped_module():
     names = list(block_variants.VARIANTS) + _gpu_call_variants()
-    assert "scan+match+smem_keys" in names
+    assert {"scan+match+smem_keys", "scan+digits11+smem_keys"} <= set(names)
     with open(block_variants.SHIPPED) as f:
         shipped = f.read()
     for name in names:
@@ -55,3 +55,18 @@ def test_combined_variant_is_exact_on_the_cpu(tmp_path):
     check_equal(run(scores, ids, 700, seed=5), ref_python(scores, ids, 700), "special 3000")
     # the row kernel of tiles 1024 and 256; chunks of 1024 (10000 a chunk), their merge in 256
     assert sorted(set(run.launched)) == [(256, "merge"), (256, "row"), (1024, "chunks"), (1024, "row")]
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_a_slip_in_the_11_bit_digits_fails_on_the_cpu(tmp_path):
+    """digits11's bin test one short (the bin whose top offset equals the wanted count is missed):
+    the CPU runner's check fails, so its passing variants are not passing by default."""
+    text = block_variants.module_text("digits11")
+    good, bad = "if (lo < rem && rem <= hi) {", "if (lo < rem && rem < hi) {"
+    assert text.count(good) == 1
+    path = tmp_path / "digits11_slip.py"
+    path.write_text(text.replace(good, bad))
+    run = BlockOnCpu(load_module(str(path)))
+    scores, ids = make_case("ties", 2, 3000, 700, seed=8)
+    with pytest.raises((AssertionError, RuntimeError)):
+        check_equal(run(scores, ids, 700, seed=2), ref_python(scores, ids, 700), "digits11 slip")
