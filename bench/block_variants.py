@@ -188,70 +188,25 @@ __device__ int scan2048(int* a, Smem& sm);
 
 // The need-th largest key among the candidates in play (play: a bit a slot; 1 <= need <= their
 """),
-    ("  int s0 = 24;", "  T = prefix;", """\
+    ("  int s0 = 24;", "  int s0 = 24;", """\
   int top = 31;  // the digit's highest bit
   int inplay = total;  // candidates in play under the prefix
-  if (narrow >= 0) {
-    u32 mn = 0xFFFFFFFFu, mx = 0;
-#pragma unroll
-    for (int t = 0; t < ITEMS; ++t) {
-      if ((play >> t) & 1u) {
-        mn = min(mn, key[t]);
-        mx = max(mx, key[t]);
-      }
-    }
-    mn = __reduce_min_sync(FULL, mn);
-    mx = __reduce_max_sync(FULL, mx);
-    if (lane == 0) {
-      atomicMin(&sm.kmin[narrow], mn);
-      atomicMax(&sm.kmax[narrow], mx);
-    }
-    __syncthreads();
-    mn = sm.kmin[narrow];
-    mx = sm.kmax[narrow];
-    if (mn == mx) {  // every key in play equal
-      T = mn;
-      eq = total;
-      return;
-    }
+"""),
+    ("    s0 = ((31 - __clz(mn ^ mx)) >> 3) << 3;", "    prefix = (u32)(((u64)mn >> (s0 + 8))", """\
     top = 31 - __clz(mn ^ mx);
     prefix = (u32)(((u64)mn >> (top + 1)) << (top + 1));  // the bits all share, above the first digit
-  }
-  for (;;) {
-    const int s = top > 10 ? top - 10 : 0;  // this digit: bits s .. top
+"""),
+    ("  for (int s = s0; s >= 0; s -= 8) {", "sm.hist[i] = 0;", """\
+  for (int s = top > 10 ? top - 10 : 0; top >= 0; top = s - 1, s = top > 10 ? top - 10 : 0) {  // bits s .. top
     const u32 dmask = (2u << (top - s)) - 1u;
     for (int i = threadIdx.x; i < 2048; i += THREADS) sm.mem[i] = 0;
-    if (threadIdx.x == 0) {
-      sm.pmin = 0xFFFFFFFFu;
-      sm.pmax = 0;
-    }
-    __syncthreads();
-    const bool span = THREADS == 1024;  // (as the 8-bit passes: the tie stop in the largest tile)
-    u32 mn = 0xFFFFFFFFu, mx = 0;
-#pragma unroll
-    for (int t = 0; t < ITEMS; ++t) {
+"""),
+    ("      bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8))", "        atomicAdd(&sm.hist[b], 1);", """\
       bool in = ((play >> t) & 1u) && (((u64)key[t] >> (top + 1)) == ((u64)prefix >> (top + 1)));
       if (in) {
         atomicAdd(&sm.mem[2047 - (int)((key[t] >> s) & dmask)], 1);  // (the highest digit first)
-        if (span) {
-          mn = min(mn, key[t]);
-          mx = max(mx, key[t]);
-        }
-      }
-    }
-    if (span) {
-      mn = __reduce_min_sync(FULL, mn);
-      mx = __reduce_max_sync(FULL, mx);
-      if (lane == 0 && mn <= mx) {
-        atomicMin(&sm.pmin, mn);
-        atomicMax(&sm.pmax, mx);
-      }
-    }
-    __syncthreads();
-    if (span) {
-      mn = sm.pmin;  // (read before the scan's barriers: the next pass resets them after them)
-      mx = sm.pmax;
-    }
+"""),
+    ("    if (threadIdx.x < 32) {  // the bin of the (need - above)-th largest", "    __syncthreads();", """\
     scan2048(sm.mem, sm);  // in play above each bin (its barriers end with the offsets in place)
     {  // the bin of the (need - above)-th largest: this thread's bins, their sizes the offsets' steps
       constexpr int E = 2048 / THREADS;
@@ -268,21 +223,10 @@ __device__ int scan2048(int* a, Smem& sm);
       }
     }
     __syncthreads();
-    prefix |= (u32)sm.bin << s;
-    above += sm.above;
+"""),
+    ("    eq = sm.eq;", "    eq = sm.eq;", """\
     eq = sm.eq;
     inplay = eq;
-    sh = s;
-    if (eq == need - above) break;  // the whole bin is wanted
-    if (span && mn == mx) {  // every key in play equal (a tie at the cutoff): its bin is that key
-      prefix = mn;
-      sh = 0;
-      break;
-    }
-    if (s == 0) break;
-    top = s - 1;
-  }
-  T = prefix;
 """),
 ]
 
