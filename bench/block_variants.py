@@ -230,8 +230,34 @@ __device__ int scan2048(int* a, Smem& sm);
 """),
 ]
 
+# the ordering's rank step reads the members' keys in bucket order from one array (written as the
+# members are placed, in the dynamic shared memory the second level no longer needs), not through
+# the member's index: one shared load a member, not two dependent ones. Session 24: the rank step
+# took 4,900 of 44,900 cycles a block at 1024 x 16384, 14,000-21,000 at 1024 x 4096
+_RANK_KEYS = [
+    ("    if (i < nsel) sm.mem[offs[bk[w]] + slot[w]] = i;", "    if (i < nsel) sm.mem[offs[bk[w]] + slot[w]] = i;", """\
+    if (i < nsel) {
+      sm.mem[offs[bk[w]] + slot[w]] = i;
+      reinterpret_cast<i64*>(dyn)[offs[bk[w]] + slot[w]] = sm.wkey[i];  // (the second level's ranges are spent)
+    }
+"""),
+    ("        int j = sm.mem[t];", "#endif", """\
+        const i64 kj = reinterpret_cast<const i64*>(dyn)[t];
+        if (kj > kk) {
+          ++r;
+        } else if (kj == kk) {  // a duplicate id: the candidates' positions in the row
+          const int j = sm.mem[t];
+#if MODE & POS_IN
+          r += __ldg(prow + sm.wpos[j]) < __ldg(prow + pp) ? 1 : 0;
+#else
+          r += sm.wpos[j] < pp ? 1 : 0;
+#endif
+        }
+"""),
+]
+
 VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
-            "digits11": _DIGITS11}
+            "digits11": _DIGITS11, "rank_keys": _RANK_KEYS}
 
 
 def _edit(text: str, edit, what: str) -> str:

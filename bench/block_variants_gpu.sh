@@ -10,13 +10,13 @@
 set -u
 source tools/gpu_env.sh
 V=/tmp/block_variants
-VARIANTS=${VARIANTS:-"scan match scan+match digits11 smem_keys scan+match+smem_keys scan+digits11+smem_keys lb2_512"}
+VARIANTS=${VARIANTS:-"scan match digits11 rank_keys smem_keys scan+match+smem_keys scan+digits11+smem_keys+rank_keys lb2_512"}
 # the goal's cells (k = 2048): Q = 64, 1024 and 4096 at N = 16384, and rows beyond a block where mass
 # ties were slower than fp32 topk (sessions 22-23). A second call: the 512 tile at 64 and 1024 rows
 # (lb2_512 was timed at 1024 only), the 256 tile, 24576
 CELLS=${CELLS:-16384x64,16384x1024,16384x4096,32768x1024}
 # the variant whose phases are profiled (clock stamps at the phase boundaries), and where
-PROFILE=${PROFILE:-scan+match+smem_keys}
+PROFILE=${PROFILE:-scan+digits11+smem_keys+rank_keys}
 PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
 {
   # shellcheck disable=SC2086

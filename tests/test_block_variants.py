@@ -25,7 +25,7 @@ def _gpu_call_variants() -> list[str]:
 
 def test_every_variant_applies_to_the_shipped_module():
     names = list(block_variants.VARIANTS) + _gpu_call_variants()
-    assert {"scan+match+smem_keys", "scan+digits11+smem_keys"} <= set(names)
+    assert {"scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys"} <= set(names)
     with open(block_variants.SHIPPED) as f:
         shipped = f.read()
     for name in names:
@@ -57,16 +57,25 @@ def test_combined_variant_is_exact_on_the_cpu(tmp_path):
     assert sorted(set(run.launched)) == [(256, "merge"), (256, "row"), (1024, "chunks"), (1024, "row")]
 
 
+# a slip planted in a variant's own code (the shipped kernel's slips: test_select_block_cpu.py),
+# and a case it breaks: the CPU runner's check fails, so the variants do not pass by default
+SLIPS = {
+    # the 11-bit bin test one short: the bin whose top offset equals the wanted count is missed
+    "digits11": ("if (lo < rem && rem <= hi) {", "if (lo < rem && rem < hi) {", "ties"),
+    # equal keys (one id twice) ranked by <=: two winners take one output slot
+    "rank_keys": ("          r += sm.wpos[j] < pp ? 1 : 0;", "          r += sm.wpos[j] <= pp ? 1 : 0;", "nandups"),
+}
+
+
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-def test_a_slip_in_the_11_bit_digits_fails_on_the_cpu(tmp_path):
-    """digits11's bin test one short (the bin whose top offset equals the wanted count is missed):
-    the CPU runner's check fails, so its passing variants are not passing by default."""
-    text = block_variants.module_text("digits11")
-    good, bad = "if (lo < rem && rem <= hi) {", "if (lo < rem && rem < hi) {"
+@pytest.mark.parametrize("variant", list(SLIPS))
+def test_a_slip_in_a_variant_fails_on_the_cpu(tmp_path, variant):
+    good, bad, kind = SLIPS[variant]
+    text = block_variants.module_text(variant)
     assert text.count(good) == 1
-    path = tmp_path / "digits11_slip.py"
+    path = tmp_path / f"{variant}_slip.py"
     path.write_text(text.replace(good, bad))
     run = BlockOnCpu(load_module(str(path)))
-    scores, ids = make_case("ties", 2, 3000, 700, seed=8)
+    scores, ids = make_case(kind, 2, 3000, 700, seed=8)
     with pytest.raises((AssertionError, RuntimeError)):
-        check_equal(run(scores, ids, 700, seed=2), ref_python(scores, ids, 700), "digits11 slip")
+        check_equal(run(scores, ids, 700, seed=2), ref_python(scores, ids, 700), f"{variant} slip")
