@@ -96,9 +96,9 @@ def _driver(src: str, entry: str) -> str:
 class Kernel:
     """One compiled kernel; call it as torch's NVRTC kernels are called, with CPU tensors."""
 
-    def __init__(self, path: str, nargs: int):
+    def __init__(self, path: str):
         self.lib = ctypes.CDLL(path)
-        self.nargs = nargs
+        self.nargs = self.lib.cuda_on_cpu_nargs()
         f = self.lib.cuda_on_cpu_launch
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_uint] * 6 + [ctypes.c_ulonglong, ctypes.c_uint, ctypes.POINTER(ctypes.c_ulonglong),
@@ -135,14 +135,13 @@ class Kernel:
         return err.value.decode() if rc else ""
 
 
-def _storages(tensors):
-    seen, out = set(), []
+def _storages(tensors) -> list[tuple[int, int]]:
+    """(address, bytes) of the tensors' storages, each once."""
+    out = {}
     for t in tensors:
         s = t.untyped_storage()
-        if s.data_ptr() not in seen:
-            seen.add(s.data_ptr())
-            out.append(s)
-    return out
+        out[s.data_ptr()] = s.nbytes()
+    return list(out.items())
 
 
 def _in_child(run, tensors, timeout: float) -> str:
@@ -156,7 +155,7 @@ def _in_child(run, tensors, timeout: float) -> str:
             os.close(rfd)
             faulthandler.disable()  # (a crash is the parent's to report, in one line)
             err = run()
-            blob = pickle.dumps((err, [ctypes.string_at(s.data_ptr(), s.nbytes()) for s in storages]))
+            blob = pickle.dumps((err, [ctypes.string_at(ptr, nbytes) for ptr, nbytes in storages]))
             with os.fdopen(wfd, "wb") as f:
                 f.write(blob)
         finally:
@@ -182,8 +181,8 @@ def _in_child(run, tensors, timeout: float) -> str:
     if not chunks:
         return "the launch's process exited without a result"
     err, data = pickle.loads(b"".join(chunks))
-    for s, d in zip(storages, data):
-        ctypes.memmove(s.data_ptr(), d, len(d))
+    for (ptr, _), d in zip(storages, data):
+        ctypes.memmove(ptr, d, len(d))
     return err
 
 
@@ -212,4 +211,4 @@ def build(src: str, entry: str, cache_dir: str | None = None) -> Kernel:
             for p in (tmp_cpp, tmp_so):
                 if os.path.exists(p):
                     os.unlink(p)
-    return Kernel(str(so), len(_parameters(src, entry)))
+    return Kernel(str(so))
