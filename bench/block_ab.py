@@ -14,7 +14,6 @@ Figures: docs/benchmarks_select_kernel.md, session 22 (the tie levels narrowed).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -28,17 +27,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 from bench_select_kernel import make_inputs, time_graph  # noqa: E402
 import fuzz_select  # noqa: E402  (its generator, mismatch and the tests' ref_packed)
+from block_on_cpu import load_module  # noqa: E402  (tests/: a copy of the module from a file)
 
 from tpflare.ops import select_block as new  # noqa: E402
 
 CELLS = [(16384, 64), (16384, 1024), (16384, 4096), (8192, 1024), (4096, 1024)]
-
-
-def load_old(path: str):
-    spec = importlib.util.spec_from_file_location("select_block_old", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def exact(mod, sets, k) -> bool:
@@ -76,7 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fuzz-seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=22)
     a = ap.parse_args(argv)
-    olds = {("old" if len(a.old) == 1 else os.path.splitext(os.path.basename(p))[0]): load_old(p) for p in a.old}
+    olds = {("old" if len(a.old) == 1 else os.path.splitext(os.path.basename(p))[0]): load_module(p) for p in a.old}
     rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, old=a.old, cells=[])
     for n, q in [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",")]:
         for pat in a.patterns.split(","):
