@@ -26,6 +26,7 @@ from tpflare.ops import select_block
 
 pytestmark = pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 
+
 @pytest.fixture(scope="module")
 def sb(request):
     """The module under test: ops/select_block.py, or the copy ``--block-module`` names."""
