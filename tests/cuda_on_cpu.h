@@ -253,7 +253,6 @@ template <class T>
 inline T __ldg(const T* p) { return *p; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
-inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)cuda_on_cpu::exchange(cuda_on_cpu::SYNCWARP, mask, 0); }

@@ -16,6 +16,7 @@ WARPS = r"""
 extern "C" __global__ void warps(const int* x, int* out) {
   const int t = threadIdx.x, lane = t & 31;
   int v = x[t];
+  __syncwarp();
   out[t * 8 + 0] = (int)__ballot_sync(0xffffffffu, v & 1);
   out[t * 8 + 1] = __shfl_sync(0xffffffffu, v, (lane * 7 + 3) & 31);
   out[t * 8 + 2] = __shfl_up_sync(0xffffffffu, v, 5);
