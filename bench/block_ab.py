@@ -43,12 +43,9 @@ def fuzz(seconds: float, seed: int) -> dict:
     t_end = time.time() + seconds
     cases, chunked, bad = 0, 0, []
     while time.time() < t_end:
-        q, n, k = fuzz_select.draw_shape(rng, 1 << 22)
-        n = min(n, new.MAX_N)
-        q = max(1, min(q, (1 << 22) // n))
-        s, i, info = fuzz_select.make_inputs(q, n, k, rng.randrange(1 << 30), "cuda")
-        s, i = s.contiguous(), i.contiguous()
-        chunk = fuzz_select.draw_chunk(rng, n, k, new)  # a third of the cases: shorter chunks than the default
+        c = fuzz_select.draw_block_case(rng, 1 << 22, new, "cuda")  # a third in shorter chunks than the default
+        q, n, k, chunk, info = c["q"], c["n"], c["k"], c["chunk"], c["info"]
+        s, i = c["scores"].contiguous(), c["ids"].contiguous()
         why = fuzz_select.mismatch(new.block_select(s, i, k, chunk=chunk), fuzz_select.ref_packed(s, i, k))
         cases += 1
         chunked += new.chunking(n, k, chunk)[0] > 1

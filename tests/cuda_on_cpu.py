@@ -104,8 +104,7 @@ class Kernel:
         f.argtypes = [ctypes.c_uint] * 6 + [ctypes.c_ulonglong, ctypes.c_uint, ctypes.POINTER(ctypes.c_ulonglong),
                                              ctypes.c_char_p, ctypes.c_int]
         self.seed = 0  # 0: threads in order, shared memory random; else a random schedule too
-        self.isolate = True  # each launch in a forked process: a crash or a hang is an error, not the end
-        self.timeout = 120.0  # seconds a launch may take there
+        self.timeout = 120.0  # seconds a launch may take (in a forked process: a crash or a hang is an error)
 
     def __call__(self, grid, block, args, shared_mem: int = 0, seed: int | None = None):
         if len(args) != self.nargs:
@@ -121,10 +120,7 @@ class Kernel:
                 vals.append(int(a) & 0xFFFFFFFFFFFFFFFF)
         launch = (tuple(grid) + (1,) * (3 - len(grid)) + tuple(block) + (1,) * (3 - len(block))
                   + (int(shared_mem), self.seed if seed is None else int(seed)))
-        if self.isolate:
-            err = _in_child(lambda: self._launch(launch, vals), tensors, self.timeout)
-        else:
-            err = self._launch(launch, vals)
+        err = _in_child(lambda: self._launch(launch, vals), tensors, self.timeout)
         if err:
             raise RuntimeError(f"cuda_on_cpu: {err}")
 

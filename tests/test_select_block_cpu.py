@@ -194,11 +194,8 @@ def test_fuzzed_cases(on_cpu, sb):
     rng = random.Random(25)
     chunked = 0
     for case in range(24):
-        q, n, k = fuzz_select.draw_shape(rng, 1 << 17, max_rows=8)
-        n = min(n, sb.MAX_N)
-        q = max(1, min(q, (1 << 17) // n))
-        scores, ids, info = fuzz_select.make_inputs(q, n, k, rng.randrange(1 << 30), "cpu")
-        chunk = fuzz_select.draw_chunk(rng, n, k, sb)
+        c = fuzz_select.draw_block_case(rng, 1 << 17, sb, "cpu", max_rows=8)
+        q, n, k, chunk, scores, ids, info = (c[key] for key in ("q", "n", "k", "chunk", "scores", "ids", "info"))
         chunked += sb.chunking(n, k, chunk)[0] > 1
         got = on_cpu(scores, ids, k, chunk, case + 1)
         why = fuzz_select.mismatch(got, ref_packed(scores.contiguous(), ids.contiguous(), k))

@@ -45,12 +45,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     cases, chunked, bad = 0, 0, []
     while time.time() - t0 < a.seconds:
-        q, n, k = fuzz_select.draw_shape(rng, a.max_elems, max_rows=16)
-        n = min(n, mod.MAX_N)
-        q = max(1, min(q, a.max_elems // n))
-        case_seed = rng.randrange(1 << 30)
-        scores, ids, info = fuzz_select.make_inputs(q, n, k, case_seed, "cpu")
-        chunk = fuzz_select.draw_chunk(rng, n, k, mod)
+        c = fuzz_select.draw_block_case(rng, a.max_elems, mod, "cpu", max_rows=16)
+        q, n, k, chunk, case_seed = c["q"], c["n"], c["k"], c["chunk"], c["seed"]
+        scores, ids, info = c["scores"], c["ids"], c["info"]
         try:
             why = fuzz_select.mismatch(run(scores, ids, k, chunk, case_seed % 1000 + 1),
                                        ref_packed(scores.contiguous(), ids.contiguous(), k))

@@ -213,6 +213,18 @@ def draw_chunk(rng: random.Random, n: int, k: int, block_module, share: float = 
     return chunk
 
 
+def draw_block_case(rng: random.Random, max_elems: int, block_module, dev, max_rows: int = 4096) -> dict:
+    """A case for the block path alone (``block_module``: ops/select_block.py or a copy): a shape
+    (``draw_shape``: ``N`` within the block path's ``MAX_N``, which is ``MAX_CANDIDATES``), its
+    inputs (``make_inputs``, drawn from ``seed``) and, a third of the time, a shorter chunk
+    (``draw_chunk``). Keys: q, n, k, seed, scores, ids, info, chunk."""
+    q, n, k = draw_shape(rng, max_elems, max_rows)
+    seed = rng.randrange(1 << 30)
+    scores, ids, info = make_inputs(q, n, k, seed, dev)
+    return dict(q=q, n=n, k=k, seed=seed, scores=scores, ids=ids, info=info,
+                chunk=draw_chunk(rng, n, k, block_module))
+
+
 def special(scores: torch.Tensor, ids: torch.Tensor, k: int) -> bool:
     """Whether a case holds at least min(k, 8) valid candidates and, among them, what the order
     rule singles out: a NaN, an infinity, a zero, a subnormal, or an id held twice in a row (a
