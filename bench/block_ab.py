@@ -1,13 +1,15 @@
 """A/B of the block path's kernel (ops/select_block.py): an older copy of the module against the
 working tree's, timed in one process (CUDA-graph replay), every cell checked bit for bit against
-the GPU tests' ``ref_packed``; then the new kernel fuzzed with ``tools/fuzz_select.py``'s
-generator (N capped at ``select_block.MAX_N``; a third of the cases in shorter chunks than the
-default, where the merge holds them) against the same reference.
+the GPU tests' ``ref_packed``; then the new kernel (``--fuzz-old``: the first old one) fuzzed
+with ``tools/fuzz_select.py``'s generator (N capped at ``select_block.MAX_N``; a third of the
+cases in shorter chunks than the default, where the merge holds them) against the same reference.
 
     git show REF:ops/select_block.py > old_select_block.py
     python3 bench/block_ab.py --old old_select_block.py [--old variant.py ...] --out ab.json [--fuzz-seconds 70]
 
-With one ``--old`` its column is ``old``; with several, each is named by its file.
+With one ``--old`` its column is ``old``; with several, each is named by its file. ``--row`` adds a
+column of the Triton row kernel (``triton_ordered_select(path="row")``, which the dispatcher picks
+at 9 rows and more beyond 32768 candidates), timed only.
 
 Figures: docs/benchmarks_select_kernel.md, session 22 (the tie levels narrowed).
 """
@@ -30,6 +32,7 @@ import fuzz_select  # noqa: E402  (its generator, mismatch and the tests' ref_pa
 from block_on_cpu import load_module  # noqa: E402  (tests/: a copy of the module from a file)
 
 from tpflare.ops import select_block as new  # noqa: E402
+from tpflare.ops import select_kernel  # noqa: E402
 
 CELLS = [(16384, 64), (16384, 1024), (16384, 4096), (8192, 1024), (4096, 1024)]
 
@@ -38,17 +41,17 @@ def exact(mod, sets, k) -> bool:
     return all(fuzz_select.mismatch(mod.block_select(s, i, k), fuzz_select.ref_packed(s, i, k)) is None for s, i in sets)
 
 
-def fuzz(seconds: float, seed: int) -> dict:
+def fuzz(seconds: float, seed: int, mod=new) -> dict:
     rng = random.Random(seed)
     t_end = time.time() + seconds
     cases, chunked, bad = 0, 0, []
     while time.time() < t_end:
-        c = fuzz_select.draw_block_case(rng, 1 << 22, new, "cuda")  # a third in shorter chunks than the default
+        c = fuzz_select.draw_block_case(rng, 1 << 22, mod, "cuda")  # a third in shorter chunks than the default
         q, n, k, chunk, info = c["q"], c["n"], c["k"], c["chunk"], c["info"]
         s, i = c["scores"].contiguous(), c["ids"].contiguous()
-        why = fuzz_select.mismatch(new.block_select(s, i, k, chunk=chunk), fuzz_select.ref_packed(s, i, k))
+        why = fuzz_select.mismatch(mod.block_select(s, i, k, chunk=chunk), fuzz_select.ref_packed(s, i, k))
         cases += 1
-        chunked += new.chunking(n, k, chunk)[0] > 1
+        chunked += mod.chunking(n, k, chunk)[0] > 1
         if why:
             bad.append(dict(q=q, n=n, k=k, chunk=chunk, info=info, why=why))
             print(f"MISMATCH q={q} n={n} k={k} chunk={chunk} {info}: {why}", flush=True)
@@ -65,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--fuzz-seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=22)
+    ap.add_argument("--fuzz-old", action="store_true", help="fuzz the first --old module, not the working tree's")
+    ap.add_argument("--row", action="store_true", help="a column of the Triton row kernel (timed only)")
     a = ap.parse_args(argv)
     olds = {("old" if len(a.old) == 1 else os.path.splitext(os.path.basename(p))[0]): load_module(p) for p in a.old}
     rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, old=a.old, cells=[])
@@ -76,12 +81,17 @@ def main(argv=None) -> int:
                 cell[name + "_exact"] = exact(mod, sets, a.k)
                 cell[name] = time_graph(lambda s, i, m=mod: m.block_select(s, i, a.k), sets, 20, 10)
             cell["topk"] = time_graph(lambda s, i: torch.topk(s, a.k, dim=1), sets, 20, 10)
-            times = "  ".join(f"{name} {cell[name] * 1e3:8.1f}" for name in list(olds) + ["new", "topk"])
+            base = ["topk"]
+            if a.row:
+                cell["row"] = time_graph(lambda s, i: select_kernel.triton_ordered_select(s, i, a.k, path="row"), sets, 20, 10)
+                base.append("row")
+            times = "  ".join(f"{name} {cell[name] * 1e3:8.1f}" for name in list(olds) + ["new"] + base)
             exact_all = " ".join(str(cell[name + "_exact"]) for name in list(olds) + ["new"])
             print(f"{pat:6s} {q:5d} x {n:6d}  {times} us  exact {exact_all}", flush=True)
             rec["cells"].append(cell)
     if a.fuzz_seconds:
-        rec["fuzz"] = fuzz(a.fuzz_seconds, a.seed)
+        rec["fuzz"] = fuzz(a.fuzz_seconds, a.seed, olds[next(iter(olds))] if a.fuzz_old else new)
+        rec["fuzzed"] = a.old[0] if a.fuzz_old else "new"
         print("fuzz:", {k: v for k, v in rec["fuzz"].items() if k != "first"}, flush=True)
     with open(a.out, "w") as f:
         json.dump(rec, f, indent=1)

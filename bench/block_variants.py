@@ -256,8 +256,234 @@ _RANK_KEYS = [
 """),
 ]
 
+# rows in chunks (beyond 16384, or a shorter chunk): a sampled keep instead of a whole selection a
+# chunk. Kernel "sample" (a block a row) sorts an even sample of the row's packed keys (2048, or
+# the row) and takes as the cutoff the key that should leave about 2 k of the row at or above it;
+# kernel "keep" (a block of 256 threads a 4096 candidates) sends every candidate at or above the
+# cutoff to a workspace row with its position (a block scan, one global atomic a block); the row's
+# last block (a ticket) writes the row's status: the kept count, or -1 where the kept ones may
+# miss a winner (fewer than min(k, valid)) or do not fit the workspace row. The chunks kernel runs
+# only for rows of -1 (kind chunks_gated) and fills the same workspace; the merge (merge_gated)
+# orders the kept ones or the chunks' winners. Exact either way: where at least min(k, valid)
+# candidates reach a packed key, the best k are among them (equal packed keys are all kept).
+# Session 23: at 1024 rows of 20000-32768 (mass ties) the block path took 0.89-0.92x fp32 topk's
+# speed, and at 64-1024 rows of 65536-131072 the row kernel won: each chunk costs about a whole
+# 16384 row.
+_SAMPLED = [
+    ("_POS_IN, _UNORDERED = 1, 2", 'KINDS = {"row": 0,', """\
+_POS_IN, _UNORDERED, _GATED = 1, 2, 4  # SOURCE's MODE bits
+_SAMPLE, _KEEP = 8, 16  # SAMPLED_SOURCES' kernels (MODE: a kind's number only)
+KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNORDERED | _GATED,
+         "merge_gated": _POS_IN | _GATED, "sample": _SAMPLE, "keep": _KEEP}
+SAMPLE_THREADS, KEEP_THREADS = 1024, 256  # the sample's and the keep's blocks (the keep: ITEMS a thread)
+KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
+"""),
+    ('return (("row", tile(n)),) if chunks == 1', 'return (("row", tile(n)),) if chunks == 1', """\
+    if chunks == 1:
+        return (("row", tile(n)),)
+    w = max(chunks * kc, min(TILE_N, 4 * k))  # block_select's workspace row
+    return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), ("chunks_gated", tile(chunk)), ("merge_gated", tile(w)))
+"""),
+    ('f"#define POS_IN {_POS_IN}', "+ SOURCE)", """\
+            f"#define POS_IN {_POS_IN}\\n#define UNORDERED {_UNORDERED}\\n#define GATED {_GATED}\\n"
+            f"#define MODE {KINDS[kind]}\\n" + SAMPLED_SOURCES.get(kind, SOURCE))
+"""),
+    ("int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {",
+     "int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {", """\
+                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
+                    const int* __restrict__ stat) {
+"""),
+    ("if (mode & UNORDERED) N = min(chunk, N - base);", "if (mode & UNORDERED) N = min(chunk, N - base);", """\
+  if (mode & UNORDERED) N = min(chunk, N - base);
+#if MODE & GATED  // after the sampled keep: the row's kept count, or -1 where the chunks serve the row
+  {
+    const int nkeep = __ldg(stat + row * 4 + 3);
+    if ((mode & UNORDERED) && nkeep >= 0) return;  // (the whole block, before any barrier)
+    if (!(mode & UNORDERED) && nkeep >= 0) N = nkeep;
+  }
+#endif
+"""),
+    ("_KERNELS: dict = {}  # (device index, threads, kind)", "_KERNELS: dict = {}", """\
+_SAMPLED_HEAD = r'''
+// the sampled keep (kinds sample and keep); THREADS and ITEMS defined before this text
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+#define SAMPLES 2048
+
+// the packed key (score key above inverted id, as SOURCE's winners); 0: invalid (id < 0)
+__device__ __forceinline__ u64 packed_key(int bits, int id) {
+  if (id < 0) return 0;
+  int s = bits >= 0 ? bits : (bits ^ 0x7FFFFFFF);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) s = (int)0x80000001;
+  return ((u64)((u32)s ^ 0x80000000u) << 31) | (u64)(0x7FFFFFFFu - (u32)id);
+}
+'''
+SAMPLED_SOURCES = {"sample": _SAMPLED_HEAD + r'''
+// a block a row: the packed keys of S = min(N, SAMPLES) evenly spaced candidates, sorted (bitonic,
+// descending); the cutoff is the r-th, r = ceil(target S / N): about target of the row at or above
+// it. Resets the row's status for the keep.
+static_assert(THREADS * 2 == SAMPLES, "a thread compares one pair a step");
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, u64* __restrict__ cut,
+                    int* __restrict__ stat, int N, int target, int s_sq, int s_iq) {
+  __shared__ u64 key[SAMPLES];
+  const int tid = threadIdx.x;
+  const i64 row = blockIdx.x;
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+  const int S = min(N, SAMPLES);
+  for (int j = tid; j < SAMPLES; j += THREADS) {
+    u64 kk = 0;
+    if (j < S) {
+      const int p = (int)((i64)j * N / S);
+      kk = packed_key(__ldg(srow + p), __ldg(irow + p));
+    }
+    key[j] = kk;
+  }
+  for (int size = 2; size <= SAMPLES; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      __syncthreads();
+      const int i = 2 * tid - (tid & (stride - 1));
+      const u64 a = key[i], b = key[i + stride];
+      if ((a < b) == ((i & size) == 0)) {
+        key[i] = b;
+        key[i + stride] = a;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const i64 r = S > 0 ? min((i64)S, max((i64)1, ((i64)target * S + N - 1) / N)) : 1;
+    cut[row] = key[r - 1];  // (0, an invalid sample: every valid candidate is kept)
+    for (int j = 0; j < 4; ++j) stat[row * 4 + j] = 0;
+  }
+}
+''', "keep": _SAMPLED_HEAD + r'''
+// grid (rows, blocks of THREADS x ITEMS candidates): the candidates at or above the row's cutoff to
+// slots [0, cap) of the workspace row; stat[row]: kept, valid, blocks done, then (the last block)
+// the status: the kept count where they hold the winners and fit, else -1
+extern "C" __global__ void __launch_bounds__(THREADS)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const u64* __restrict__ cut,
+                    int* __restrict__ stat, int* __restrict__ w_ids, float* __restrict__ w_sc,
+                    int* __restrict__ w_pos, int N, int cap, int K, int s_sq, int s_iq, int s_w) {
+  __shared__ int wsum[THREADS / 32];
+  __shared__ int wnv[THREADS / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 row = blockIdx.x;
+  const int base = blockIdx.y * (THREADS * ITEMS);
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+  const u64 c = __ldg(cut + row);
+  int bits[ITEMS], id[ITEMS];
+  u32 keep = 0;
+  int nv = 0;
+#pragma unroll
+  for (int t = 0; t < ITEMS; ++t) {
+    const int p = base + t * THREADS + tid;
+    bits[t] = p < N ? __ldg(srow + p) : 0;
+    id[t] = p < N ? __ldg(irow + p) : -1;
+    if (id[t] >= 0) {
+      ++nv;
+      if (packed_key(bits[t], id[t]) >= c) keep |= 1u << t;
+    }
+  }
+  const int cnt = __popc(keep);
+  int incl = cnt;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  nv = __reduce_add_sync(FULL, nv);
+  if (lane == 31) wsum[warp] = incl;
+  if (lane == 0) wnv[warp] = nv;
+  __syncthreads();
+  if (tid < 32) {  // the warps' first slots; the block's from one atomic on the row's count
+    const int w = tid < THREADS / 32 ? wsum[tid] : 0;
+    int v = tid < THREADS / 32 ? wnv[tid] : 0;
+    int wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(FULL, wi, o);
+      if (tid >= o) wi += y;
+    }
+    v = __reduce_add_sync(FULL, v);
+    const int total = __shfl_sync(FULL, wi, 31);
+    int b = 0;
+    if (tid == 0) {
+      b = atomicAdd(stat + row * 4, total);
+      atomicAdd(stat + row * 4 + 1, v);
+    }
+    b = __shfl_sync(FULL, b, 0);
+    if (tid < THREADS / 32) wsum[tid] = b + wi - w;
+  }
+  __syncthreads();
+  int slot = wsum[warp] + incl - cnt;
+#pragma unroll
+  for (int t = 0; t < ITEMS; ++t) {
+    if ((keep >> t) & 1u) {
+      if (slot < cap) {
+        w_ids[row * s_w + slot] = id[t];
+        reinterpret_cast<int*>(w_sc)[row * s_w + slot] = bits[t];
+        w_pos[row * s_w + slot] = base + t * THREADS + tid;
+      }
+      ++slot;
+    }
+  }
+  if (tid == 0) {  // the row's last block writes its status
+    __threadfence();
+    const int done = atomicAdd(stat + row * 4 + 2, 1);
+    if (done == (int)gridDim.y - 1) {
+      __threadfence();
+      const int kept = atomicAdd(stat + row * 4, 0), valid = atomicAdd(stat + row * 4 + 1, 0);
+      stat[row * 4 + 3] = (kept <= cap && (kept >= K || kept == valid)) ? kept : -1;
+    }
+  }
+}
+'''}
+
+_KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
+"""),
+    ("args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n,", "out_ids.stride(0), out_sc.stride(0), 0])", """\
+            args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
+                  out_ids.stride(0), out_sc.stride(0), 0, out_ids])
+"""),
+    ("m = chunks * kc  # the merge's candidates a row", "return out_ids, out_sc", """\
+    m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
+    w = max(m, min(TILE_N, 4 * k))  # a workspace row: the kept candidates, or the chunks' winners
+    target = max(1, min(2 * k, w // 2))  # what the sample aims to keep a row
+    w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
+    w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)
+    w_pos = torch.empty((q, w), dtype=torch.int32, device=dev)
+    cut = torch.empty((q,), dtype=torch.int64, device=dev)
+    stat = torch.empty((q, 4), dtype=torch.int32, device=dev)
+    compile_tile(SAMPLE_THREADS, dev.index, "sample")(
+        grid=(q, 1, 1), block=(SAMPLE_THREADS, 1, 1), shared_mem=0,
+        args=[scores, ids, cut, stat, n, target, scores.stride(0), ids.stride(0)])
+    compile_tile(KEEP_THREADS, dev.index, "keep")(
+        grid=(q, -(-n // (KEEP_THREADS * ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
+        args=[scores, ids, cut, stat, w_ids, w_sc, w_pos, n, w, k, scores.stride(0), ids.stride(0), w])
+    t1, t2 = tile(chunk), tile(w)
+    compile_tile(t1, dev.index, "chunks_gated")(  # (rows whose keep may miss a winner; the others return)
+        grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
+        args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, w, w, w, stat])
+    compile_tile(t2, dev.index, "merge_gated")(
+        grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
+        args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, w, w, w, out_ids.stride(0), out_sc.stride(0), 0,
+              stat])
+    if STATS is not None:
+        STATS.append(stat)
+    return out_ids, out_sc
+
+
+STATS = None  # a list: each chunked call appends its rows' status (tests: which rows the keep served)
+"""),
+]
+
 VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
-            "digits11": _DIGITS11, "rank_keys": _RANK_KEYS}
+            "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -1,6 +1,8 @@
 // cuda_on_cpu.h: the CUDA built-ins a block kernel uses, for running it on the CPU (tests only).
 //
-// A launch runs its blocks one after another; a block's threads are fibers (ucontext, switched by
+// A launch runs its blocks one after another (in index order with seed 0, in an order the seed
+// shuffles with another: blocks that hand work on through global atomics, a last block finishing a
+// row, see others finish before and after them); a block's threads are fibers (ucontext, switched by
 // _setjmp/_longjmp) on one OS thread, each with its own stack. A thread runs until it waits: at
 // __syncthreads() until every thread of the block is there, at a warp function (__ballot_sync,
 // __match_any_sync, __shfl*_sync, __reduce_*_sync) until its 32 lanes are. Nothing runs in parallel, so atomics are
@@ -252,6 +254,7 @@ inline T atomicMax(T* p, U v) { return cuda_on_cpu::atomic_rmw(p, [v](T o) { ret
 template <class T>
 inline T __ldg(const T* p) { return *p; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline void __threadfence() { cuda_on_cpu::maybe_yield(); }  // (one thread runs at a time: an order point only)
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
@@ -295,52 +298,56 @@ inline std::string launch(dim3 grid, dim3 block, size_t dyn_bytes, unsigned seed
   blk.seed = seed;
   blk.rng.seed(seed * 2654435761u + 12345u);
   B = &blk;
-  for (unsigned z = 0; z < grid.z && err.empty(); ++z)
-    for (unsigned y = 0; y < grid.y && err.empty(); ++y)
-      for (unsigned x = 0; x < grid.x && err.empty(); ++x) {
-        blockIdx = dim3{x, y, z};
-        blk.th.assign(n, Thread{});
-        blk.steps.assign(n / 32 * 2, WarpStep{});
-        blk.shared.clear();
-        blk.dyn.assign(dyn_bytes, 0);
-        random_fill(blk.dyn);
-        blk.nthreads = (int)n;
-        blk.at_barrier = 0;
-        for (size_t i = 0; i < n; ++i) {
-          Thread& t = blk.th[i];
-          t.tid = (unsigned)i;
-          getcontext(&t.ctx);
-          t.ctx.uc_stack.ss_sp = (char*)mem + i * per + page;
-          t.ctx.uc_stack.ss_size = stack;
-          t.ctx.uc_link = nullptr;
-          makecontext(&t.ctx, fiber_entry, 0);
-        }
-        blk.ready.clear();
-        for (size_t i = 0; i < n; ++i) blk.ready.push_back((int)i);
-        size_t done = 0;
-        while (done < n && blk.error.empty()) {
-          if (blk.ready.empty()) {
-            blk.error = deadlock();
-            break;
-          }
-          // seed 0: first come, first run; else any thread that can run, at random
-          if (seed) std::swap(blk.ready[blk.rng() % blk.ready.size()], blk.ready.front());
-          const int i = blk.ready.front();
-          blk.ready.pop_front();
-          Thread& t = blk.th[i];
-          blk.cur = i;
-          threadIdx = dim3{t.tid % block.x, t.tid / block.x % block.y, t.tid / (block.x * block.y)};
-          if (!_setjmp(blk.sched)) {
-            if (t.started) _longjmp(t.jb, 1);
-            t.started = true;
-            ucontext_t from;
-            swapcontext(&from, &t.ctx);  // (it comes back by _longjmp to blk.sched, not to from)
-          }
-          if (t.state == DONE) ++done;
-          if (t.state == RUN) blk.ready.push_back(i);
-        }
-        err = blk.error;
+  std::vector<dim3> order;  // the blocks in the order they run
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) order.push_back(dim3{x, y, z});
+  if (seed) std::shuffle(order.begin(), order.end(), blk.rng);
+  for (const dim3& at : order) {
+    if (!err.empty()) break;
+    blockIdx = at;
+    blk.th.assign(n, Thread{});
+    blk.steps.assign(n / 32 * 2, WarpStep{});
+    blk.shared.clear();
+    blk.dyn.assign(dyn_bytes, 0);
+    random_fill(blk.dyn);
+    blk.nthreads = (int)n;
+    blk.at_barrier = 0;
+    for (size_t i = 0; i < n; ++i) {
+      Thread& t = blk.th[i];
+      t.tid = (unsigned)i;
+      getcontext(&t.ctx);
+      t.ctx.uc_stack.ss_sp = (char*)mem + i * per + page;
+      t.ctx.uc_stack.ss_size = stack;
+      t.ctx.uc_link = nullptr;
+      makecontext(&t.ctx, fiber_entry, 0);
+    }
+    blk.ready.clear();
+    for (size_t i = 0; i < n; ++i) blk.ready.push_back((int)i);
+    size_t done = 0;
+    while (done < n && blk.error.empty()) {
+      if (blk.ready.empty()) {
+        blk.error = deadlock();
+        break;
       }
+      // seed 0: first come, first run; else any thread that can run, at random
+      if (seed) std::swap(blk.ready[blk.rng() % blk.ready.size()], blk.ready.front());
+      const int i = blk.ready.front();
+      blk.ready.pop_front();
+      Thread& t = blk.th[i];
+      blk.cur = i;
+      threadIdx = dim3{t.tid % block.x, t.tid / block.x % block.y, t.tid / (block.x * block.y)};
+      if (!_setjmp(blk.sched)) {
+        if (t.started) _longjmp(t.jb, 1);
+        t.started = true;
+        ucontext_t from;
+        swapcontext(&from, &t.ctx);  // (it comes back by _longjmp to blk.sched, not to from)
+      }
+      if (t.state == DONE) ++done;
+      if (t.state == RUN) blk.ready.push_back(i);
+    }
+    err = blk.error;
+  }
   B = nullptr;
   kernel_body = nullptr;
   munmap(mem, per * n);

@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 import cuda_on_cpu
 from block_on_cpu import BlockOnCpu, load_module
@@ -79,3 +80,58 @@ def test_a_slip_in_a_variant_fails_on_the_cpu(tmp_path, variant):
     scores, ids = make_case(kind, 2, 3000, 700, seed=8)
     with pytest.raises((AssertionError, RuntimeError)):
         check_equal(run(scores, ids, 700, seed=2), ref_python(scores, ids, 700), f"{variant} slip")
+
+
+def _packed(bits: int, ident: int) -> int:
+    """The packed key of a candidate (score key above inverted id), 0 for a pad: plain Python."""
+    if ident < 0:
+        return 0
+    s = bits if bits >= 0 else bits ^ 0x7FFFFFFF
+    if (bits & 0x7FFFFFFF) > 0x7F800000:
+        s = -0x7FFFFFFF  # (0x80000001: NaN, below -inf)
+    return (((s & 0xFFFFFFFF) ^ 0x80000000) << 31) | (0x7FFFFFFF - ident)
+
+
+def _sampled_status(mod, scores, ids, k):
+    """What the sampled keep should leave a row, from its rule in plain Python: (kept, valid,
+    status), status -1 where the kept ones may miss a winner or do not fit."""
+    q, n = scores.shape
+    chunks, chunk, kc = mod.chunking(n, k)
+    w = max(chunks * kc, min(mod.TILE_N, 4 * k))
+    target = max(1, min(2 * k, w // 2))
+    out = []
+    for r in range(q):
+        keys = [_packed(b, i) for b, i in zip(scores[r].view(torch.int32).tolist(), ids[r].tolist())]
+        s = min(n, 2048)
+        sample = sorted((keys[j * n // s] for j in range(s)), reverse=True)
+        cut = sample[min(s, max(1, -(-target * s // n))) - 1]
+        valid = sum(i >= 0 for i in ids[r].tolist())
+        kept = sum(1 for key, i in zip(keys, ids[r].tolist()) if i >= 0 and key >= cut)
+        out.append((kept, valid, kept if kept <= w and (kept >= k or kept == valid) else -1))
+    return out
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_sampled_keep_serves_rows_and_the_chunks_the_rest(tmp_path):
+    """Variant ``sampled``: the keep's status a row against the rule in plain Python, and an exact
+    output both where the keep serves the row and where the chunks do: a sample that sees only the
+    row's best (too few kept), one key throughout (too many), fewer valid than k."""
+    mod = load_module(block_variants.write("sampled", str(tmp_path)))
+    run = BlockOnCpu(mod)
+    g = torch.Generator().manual_seed(9)
+    n, k = 40000, 2048
+    scores = torch.randn(3, n, generator=g)
+    ids = torch.stack([torch.randperm(n, generator=g) for _ in range(3)]).to(torch.int32)
+    at = torch.arange(2048) * n // 2048  # row 1: the sampled positions hold its best
+    scores[1, at] = 10 + torch.rand(2048, generator=g)
+    ids[2, 500:] = -1  # row 2: 500 valid
+    scores[2, 500:] = float("-inf")
+    cases = [("sampled", scores, ids, k), ("one key", torch.ones(2, 20000), torch.full((2, 20000), 7, dtype=torch.int32), 1500)]
+    for what, s, i, kk in cases:
+        mod.STATS = []
+        check_equal(run(s, i, kk, seed=6), ref_packed(s, i, kk), what)
+        got = [tuple(x) for x in mod.STATS[0][:, [0, 1, 3]].tolist()]
+        assert got == _sampled_status(mod, s, i, kk), what
+    assert [st for _, _, st in got] == [-1, -1]  # one key: more than the workspace holds
+    assert [st >= 0 for _, _, st in _sampled_status(mod, scores, ids, k)] == [True, False, True]
+    assert {kind for _, kind in run.launched} == {"sample", "keep", "chunks_gated", "merge_gated"}

@@ -103,6 +103,31 @@ def test_blocks_and_atomics(seed):
     assert torch.equal(out, x.sum(-1, dtype=torch.int32))
 
 
+TICKETS = r"""
+// the order in which blocks start: each takes a ticket from a global counter; the last one takes the total
+extern "C" __global__ void tickets(int* counter, int* order) {
+  if (threadIdx.x == 0) {
+    const int t = atomicAdd(counter, 1);
+    __threadfence();
+    order[t] = blockIdx.y * gridDim.x + blockIdx.x;
+    if (t == (int)(gridDim.x * gridDim.y) - 1) order[t + 1] = atomicAdd(counter, 0);
+  }
+}
+"""
+
+
+def test_a_seed_shuffles_the_order_of_blocks():
+    k = cuda_on_cpu.build(TICKETS, "tickets")
+    orders = []
+    for seed in (0, 0, 3, 4):
+        counter, order = torch.zeros(1, dtype=torch.int32), torch.full((25,), -1, dtype=torch.int32)
+        k(grid=(6, 4), block=(32,), args=[counter, order], seed=seed)
+        assert sorted(order[:24].tolist()) == list(range(24)) and order[24] == 24 and counter.item() == 24
+        orders.append(order[:24].tolist())
+    assert orders[0] == orders[1] == list(range(24))  # seed 0: in index order
+    assert orders[2] != orders[0] and orders[3] != orders[0] and orders[2] != orders[3]
+
+
 FAULTS = r"""
 struct Two { int a[64]; int b[64]; };
 extern "C" __global__ void faults(int* out, int what) {

@@ -6,7 +6,9 @@ each under its own random thread schedule, bit for bit against the packed-key re
     python tools/fuzz_block_cpu.py --seconds 600 [--seed S] [--module bench-variant.py] [--max-elems N]
                                    [--out fuzz.json] [--save DIR]
 
-``--module``: a copy of ops/select_block.py (a variant written by bench/block_variants.py).
+``--module``: a copy of ops/select_block.py (a variant written by bench/block_variants.py). A
+variant that keeps each chunked call's row status in ``STATS`` (``sampled``) also gets its rows
+counted by who served them: ``rows_kept`` (the sampled keep), ``rows_chunks`` (the chunks).
 Exit status 1 when any case mismatched or a launch failed (a deadlock, a crash, a hang).
 """
 from __future__ import annotations
@@ -41,6 +43,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     mod = load_module(a.module) if a.module else select_block
     run = BlockOnCpu(mod)
+    if hasattr(mod, "STATS"):
+        mod.STATS = []
     rng = random.Random(a.seed)
     t0 = time.time()
     cases, chunked, bad = 0, 0, []
@@ -64,6 +68,9 @@ def main(argv=None) -> int:
                 torch.save(dict(scores=scores, ids=ids, **case), os.path.join(a.save, f"case{len(bad)}.pt"))
     summary = dict(module=a.module or "ops/select_block.py", seconds=round(time.time() - t0, 1), seed=a.seed,
                    cases=cases, chunked=chunked, mismatches=len(bad), first=bad[:5])
+    if getattr(mod, "STATS", None) is not None:
+        status = torch.cat([st[:, 3] for st in mod.STATS]) if mod.STATS else torch.zeros(0)
+        summary.update(rows_kept=int((status >= 0).sum()), rows_chunks=int((status < 0).sum()))
     print(json.dumps({k: v for k, v in summary.items() if k != "first"}), flush=True)
     if a.out:
         with open(a.out, "w") as f:
