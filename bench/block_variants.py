@@ -275,7 +275,7 @@ _POS_IN, _UNORDERED, _GATED = 1, 2, 4  # SOURCE's MODE bits
 _SAMPLE, _KEEP = 8, 16  # SAMPLED_SOURCES' kernels (MODE: a kind's number only)
 KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNORDERED | _GATED,
          "merge_gated": _POS_IN | _GATED, "sample": _SAMPLE, "keep": _KEEP}
-SAMPLE_THREADS, KEEP_THREADS = 1024, 256  # the sample's and the keep's blocks (the keep: ITEMS a thread)
+SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 1024, 256, 16  # the sample's and the keep's blocks
 KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
 """),
     ('return (("row", tile(n)),) if chunks == 1', 'return (("row", tile(n)),) if chunks == 1', """\
@@ -286,6 +286,7 @@ KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one 
 """),
     ('f"#define POS_IN {_POS_IN}', "+ SOURCE)", """\
             f"#define POS_IN {_POS_IN}\\n#define UNORDERED {_UNORDERED}\\n#define GATED {_GATED}\\n"
+            f"#define SB {SAMPLE_THREADS}\\n#define KB {KEEP_THREADS}\\n#define KI {KEEP_ITEMS}\\n"
             f"#define MODE {KINDS[kind]}\\n" + SAMPLED_SOURCES.get(kind, SOURCE))
 """),
     ("int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {",
@@ -305,7 +306,7 @@ KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one 
 """),
     ("_KERNELS: dict = {}  # (device index, threads, kind)", "_KERNELS: dict = {}", """\
 _SAMPLED_HEAD = r'''
-// the sampled keep (kinds sample and keep); THREADS and ITEMS defined before this text
+// the sampled keep (kinds sample and keep): blocks of their own sizes (SB; KB x KI: source(...) defines them)
 typedef unsigned int u32;
 typedef long long i64;
 typedef unsigned long long u64;
@@ -324,8 +325,8 @@ SAMPLED_SOURCES = {"sample": _SAMPLED_HEAD + r'''
 // a block a row: the packed keys of S = min(N, SAMPLES) evenly spaced candidates, sorted (bitonic,
 // descending); the cutoff is the r-th, r = ceil(target S / N): about target of the row at or above
 // it. Resets the row's status for the keep.
-static_assert(THREADS * 2 == SAMPLES, "a thread compares one pair a step");
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+static_assert(SB * 2 == SAMPLES, "a thread compares one pair a step");
+extern "C" __global__ void __launch_bounds__(SB, 1)
 tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, u64* __restrict__ cut,
                     int* __restrict__ stat, int N, int target, int s_sq, int s_iq) {
   __shared__ u64 key[SAMPLES];
@@ -334,7 +335,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
   const int* irow = ids + row * s_iq;
   const int S = min(N, SAMPLES);
-  for (int j = tid; j < SAMPLES; j += THREADS) {
+  for (int j = tid; j < SAMPLES; j += SB) {
     u64 kk = 0;
     if (j < S) {
       const int p = (int)((i64)j * N / S);
@@ -361,27 +362,27 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   }
 }
 ''', "keep": _SAMPLED_HEAD + r'''
-// grid (rows, blocks of THREADS x ITEMS candidates): the candidates at or above the row's cutoff to
+// grid (rows, blocks of KB threads x KI candidates): the candidates at or above the row's cutoff to
 // slots [0, cap) of the workspace row; stat[row]: kept, valid, blocks done, then (the last block)
 // the status: the kept count where they hold the winners and fit, else -1
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(KB)
 tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const u64* __restrict__ cut,
                     int* __restrict__ stat, int* __restrict__ w_ids, float* __restrict__ w_sc,
                     int* __restrict__ w_pos, int N, int cap, int K, int s_sq, int s_iq, int s_w) {
-  __shared__ int wsum[THREADS / 32];
-  __shared__ int wnv[THREADS / 32];
+  __shared__ int wsum[KB / 32];
+  __shared__ int wnv[KB / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const i64 row = blockIdx.x;
-  const int base = blockIdx.y * (THREADS * ITEMS);
+  const int base = blockIdx.y * (KB * KI);
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
   const int* irow = ids + row * s_iq;
   const u64 c = __ldg(cut + row);
-  int bits[ITEMS], id[ITEMS];
+  int bits[KI], id[KI];
   u32 keep = 0;
   int nv = 0;
 #pragma unroll
-  for (int t = 0; t < ITEMS; ++t) {
-    const int p = base + t * THREADS + tid;
+  for (int t = 0; t < KI; ++t) {
+    const int p = base + t * KB + tid;
     bits[t] = p < N ? __ldg(srow + p) : 0;
     id[t] = p < N ? __ldg(irow + p) : -1;
     if (id[t] >= 0) {
@@ -401,8 +402,8 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   if (lane == 0) wnv[warp] = nv;
   __syncthreads();
   if (tid < 32) {  // the warps' first slots; the block's from one atomic on the row's count
-    const int w = tid < THREADS / 32 ? wsum[tid] : 0;
-    int v = tid < THREADS / 32 ? wnv[tid] : 0;
+    const int w = tid < KB / 32 ? wsum[tid] : 0;
+    int v = tid < KB / 32 ? wnv[tid] : 0;
     int wi = w;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -417,17 +418,17 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
       atomicAdd(stat + row * 4 + 1, v);
     }
     b = __shfl_sync(FULL, b, 0);
-    if (tid < THREADS / 32) wsum[tid] = b + wi - w;
+    if (tid < KB / 32) wsum[tid] = b + wi - w;
   }
   __syncthreads();
   int slot = wsum[warp] + incl - cnt;
 #pragma unroll
-  for (int t = 0; t < ITEMS; ++t) {
+  for (int t = 0; t < KI; ++t) {
     if ((keep >> t) & 1u) {
       if (slot < cap) {
         w_ids[row * s_w + slot] = id[t];
         reinterpret_cast<int*>(w_sc)[row * s_w + slot] = bits[t];
-        w_pos[row * s_w + slot] = base + t * THREADS + tid;
+        w_pos[row * s_w + slot] = base + t * KB + tid;
       }
       ++slot;
     }
@@ -463,14 +464,16 @@ _KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
         grid=(q, 1, 1), block=(SAMPLE_THREADS, 1, 1), shared_mem=0,
         args=[scores, ids, cut, stat, n, target, scores.stride(0), ids.stride(0)])
     compile_tile(KEEP_THREADS, dev.index, "keep")(
-        grid=(q, -(-n // (KEEP_THREADS * ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
+        grid=(q, -(-n // (KEEP_THREADS * KEEP_ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
         args=[scores, ids, cut, stat, w_ids, w_sc, w_pos, n, w, k, scores.stride(0), ids.stride(0), w])
     t1, t2 = tile(chunk), tile(w)
+    shape = globals().get("SHAPE")  # (with smem_keys: a tile's threads; the chunks' keys in shared memory)
+    b1, b2, smem1 = (shape[t1][0], shape[t2][0], DYN_BYTES) if shape else (t1, t2, 0)
     compile_tile(t1, dev.index, "chunks_gated")(  # (rows whose keep may miss a winner; the others return)
-        grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
+        grid=(q, chunks, 1), block=(b1, 1, 1), shared_mem=smem1,
         args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, w, w, w, stat])
     compile_tile(t2, dev.index, "merge_gated")(
-        grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
+        grid=(q, 1, 1), block=(b2, 1, 1), shared_mem=DYN_BYTES,
         args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, w, w, w, out_ids.stride(0), out_sc.stride(0), 0,
               stat])
     if STATS is not None:
@@ -482,8 +485,23 @@ STATS = None  # a list: each chunked call appends its rows' status (tests: which
 """),
 ]
 
+# sampled, and rows of one block too, from SAMPLED_ROWS rows and 8 k candidates (a 16384 row at k =
+# 2048): the sampled keep leaves the merge about 2 k of the row (its load and score level a quarter
+# of the row's), and the keep's blocks read the row at the memory's pace. Session 24's profile: a
+# 1024 x 16384 block spends 9,000 of 45,000 cycles loading and 11,000 on the score level
+_SAMPLED_ROWS = [
+    Sub(r"    if chunks == 1:\n        t = tile\(n\)", """\
+    if chunks == 1 and not (q >= SAMPLED_ROWS and n >= 8 * k):
+        t = tile(n)""", 1),
+    ("STATS = None  # a list", "STATS = None  # a list", """\
+STATS = None  # a list: each chunked call appends its rows' status (tests: which rows the keep served)
+SAMPLED_ROWS = 256  # rows of one block: the sampled keep from this many rows
+"""),
+]
+
 VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
-            "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED}
+            "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED,
+            "sampled_rows": _SAMPLED + _SAMPLED_ROWS}
 
 
 def _edit(text: str, edit, what: str) -> str:

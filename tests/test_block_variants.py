@@ -20,13 +20,17 @@ import block_variants  # noqa: E402
 
 
 def _gpu_call_variants() -> list[str]:
+    """The variants the GPU calls time: the script's default and those its usage lines name."""
     with open(os.path.join(ROOT, "bench", "block_variants_gpu.sh")) as f:
-        return re.search(r'VARIANTS=\$\{VARIANTS:-"([^"]+)"\}', f.read()).group(1).split()
+        text = f.read()
+    names = re.search(r'VARIANTS=\$\{VARIANTS:-"([^"]+)"\}', text).group(1).split()
+    return names + [v for m in re.findall(r'#\s+VARIANTS="([^"]+)"', text) for v in m.split()]
 
 
 def test_every_variant_applies_to_the_shipped_module():
     names = list(block_variants.VARIANTS) + _gpu_call_variants()
-    assert {"scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys"} <= set(names)
+    assert {"scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys", "scan+digits11+smem_keys+rank_keys+sampled_rows"
+            } <= set(names)
     with open(block_variants.SHIPPED) as f:
         shipped = f.read()
     for name in names:
