@@ -7,9 +7,10 @@ cases in shorter chunks than the default, where the merge holds them) against th
     git show REF:ops/select_block.py > old_select_block.py
     python3 bench/block_ab.py --old old_select_block.py [--old variant.py ...] --out ab.json [--fuzz-seconds 70]
 
-With one ``--old`` its column is ``old``; with several, each is named by its file. ``--row`` adds a
-column of the Triton row kernel (``triton_ordered_select(path="row")``, which the dispatcher picks
-at 9 rows and more beyond 32768 candidates), timed only.
+With one ``--old`` its column is ``old``; with several, each is named by its file. ``--paths
+row,staged`` adds a column for each Triton path named (``triton_ordered_select(path=...)``: the
+row kernel, which the dispatcher picks at 9 rows and more beyond 32768 candidates; the staged
+path, at 1-4 rows, timed up to 8 rows only), timed only.
 
 Figures: docs/benchmarks_select_kernel.md, session 22 (the tie levels narrowed).
 """
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fuzz-seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=22)
     ap.add_argument("--fuzz-old", action="store_true", help="fuzz the first --old module, not the working tree's")
-    ap.add_argument("--row", action="store_true", help="a column of the Triton row kernel (timed only)")
+    ap.add_argument("--paths", default="", help="Triton paths to time as columns too: row, staged (comma-separated)")
     a = ap.parse_args(argv)
     olds = {("old" if len(a.old) == 1 else os.path.splitext(os.path.basename(p))[0]): load_module(p) for p in a.old}
     rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, old=a.old, cells=[])
@@ -82,20 +83,29 @@ def main(argv=None) -> int:
                 cell[name] = time_graph(lambda s, i, m=mod: m.block_select(s, i, a.k), sets, 20, 10)
             cell["topk"] = time_graph(lambda s, i: torch.topk(s, a.k, dim=1), sets, 20, 10)
             base = ["topk"]
-            if a.row:
-                cell["row"] = time_graph(lambda s, i: select_kernel.triton_ordered_select(s, i, a.k, path="row"), sets, 20, 10)
-                base.append("row")
-            times = "  ".join(f"{name} {cell[name] * 1e3:8.1f}" for name in list(olds) + ["new"] + base)
+            for path in filter(None, a.paths.split(",")):
+                if path == "staged" and q > 8:  # (a path for a few rows: the dispatcher's up to 4)
+                    continue
+                cell[path] = time_graph(lambda s, i, p=path: select_kernel.triton_ordered_select(s, i, a.k, path=p),
+                                        sets, 20, 10)
+                base.append(path)
+            times = "  ".join(f"{name} {cell[name] * 1e3:8.1f}" for name in list(olds) + ["new"] + base if name in cell)
             exact_all = " ".join(str(cell[name + "_exact"]) for name in list(olds) + ["new"])
             print(f"{pat:6s} {q:5d} x {n:6d}  {times} us  exact {exact_all}", flush=True)
             rec["cells"].append(cell)
+            _write(a.out, rec)  # (after each cell: a run cut short keeps what it timed)
     if a.fuzz_seconds:
         rec["fuzz"] = fuzz(a.fuzz_seconds, a.seed, olds[next(iter(olds))] if a.fuzz_old else new)
         rec["fuzzed"] = a.old[0] if a.fuzz_old else "new"
         print("fuzz:", {k: v for k, v in rec["fuzz"].items() if k != "first"}, flush=True)
-    with open(a.out, "w") as f:
-        json.dump(rec, f, indent=1)
+    _write(a.out, rec)
     return 0
+
+
+def _write(path: str, rec: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(rec, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

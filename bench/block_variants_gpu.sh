@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call: the block kernel's variants (bench/block_variants.py) against the shipped kernel,
-# every cell checked bit for bit; one variant's phases; the block path's GPU tests. At most 9
+# every cell checked bit for bit; one variant's phases; the block path's GPU tests (TESTS_ON: on a variant). At most 9
 # minutes: its steps time out at 330 (AB_TIMEOUT) + 120 + 90 s, within the device tool's 600 a call.
 #   bash bench/block_variants_gpu.sh   (results in $OUT: variants_ab.json, variant_phases.json, log.txt)
 #   CELLS=8192x64,8192x1024,4096x1024,24576x1024 bash bench/block_variants_gpu.sh   (a second call)
 #   VARIANTS="scan scan+match" CELLS=16384x1024 bash bench/block_variants_gpu.sh
-#   VARIANTS="sampled sampled_rows scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= ROW=1 FUZZ=60 \
-#     AB_TIMEOUT=450 bash bench/block_variants_gpu.sh   (the first call to make: the sampled keep, a column of the
-#     Triton row kernel, 60 s of fuzzing the first variant; no phases, so the A/B may take 450 s)
+#   VARIANTS="sampled sampled_rows scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= \
+#     PATHS=row,staged FUZZ=60 TESTS_ON=sampled AB_TIMEOUT=420 bash bench/block_variants_gpu.sh   (the first call to
+#     make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing the first variant,
+#     the block path's GPU tests on it; no phases, so the A/B may take 420 s)
 # Before a call: every variant passes the CPU runner's tests
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
 set -u
@@ -19,8 +20,10 @@ VARIANTS=${VARIANTS:-"scan match digits11 rank_keys smem_keys scan+match+smem_ke
 # (lb2_512 was timed at 1024 only), the 256 tile, 24576
 CELLS=${CELLS:-16384x64,16384x1024,16384x4096,32768x1024}
 # the sampled keep's cells (bench/block_variants.py: sampled, sampled_rows): mass ties at 1024 rows of
-# 20000-32768, the row kernel's shapes (9 rows and more beyond 32768), rows of 16384 at 1024 and 4096
-LONG=20000x1024,32768x1024,32768x64,65536x64,65536x1024,131072x8,131072x64,131072x256,16384x1024,16384x4096
+# 20000-32768, the row kernel's shapes (9 rows and more beyond 32768), the staged path's beyond 16384 (1-4
+# rows), rows of 16384 at 1024 and 4096
+LONG=20000x1024,32768x1024,32768x64,65536x64,65536x1024,131072x8,131072x64,131072x256,32768x1,131072x1,65536x4
+LONG=$LONG,16384x1024,16384x4096
 # the variant whose phases are profiled (clock stamps at the phase boundaries; empty: none), and where
 [ "$CELLS" = long ] && CELLS=$LONG
 PROFILE=${PROFILE-scan+digits11+smem_keys+rank_keys}
@@ -32,12 +35,18 @@ PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
   for v in $VARIANTS; do olds+=(--old "$V/$v.py"); done
   echo "=== A/B (old columns: the variants; new: the shipped kernel)"
   timeout "${AB_TIMEOUT:-330}" python3 bench/block_ab.py "${olds[@]}" --cells "$CELLS" --patterns random,ties,short --fuzz-seconds "${FUZZ:-0}" \
-    ${FUZZ:+--fuzz-old} ${ROW:+--row} --out "$OUT/variants_ab.json"
+    ${FUZZ:+--fuzz-old} ${PATHS:+--paths "$PATHS"} --out "$OUT/variants_ab.json"
   if [ -n "$PROFILE" ]; then
     echo "=== phases of $PROFILE (bench/block_phases.py)"
     timeout 120 python3 bench/block_phases.py --module "$V/$PROFILE.py" --cells "$PROFILE_CELLS" --patterns random,ties \
       --out "$OUT/variant_phases.json"
   fi
-  echo "=== block path GPU tests (shipped kernel)"
-  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_select_kernel_gpu.py -k block 2>&1 | tail -4
+  if [ -n "${TESTS_ON:-}" ]; then  # the block path's GPU tests on a variant (conftest.py's --block-module)
+    echo "=== block path GPU tests on $TESTS_ON"
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -rf tests/test_select_kernel_gpu.py tests/test_select_block.py \
+      -k block --block-module "$V/$TESTS_ON.py" 2>&1 | tail -15
+  else
+    echo "=== block path GPU tests (shipped kernel)"
+    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_select_kernel_gpu.py -k block 2>&1 | tail -4
+  fi
 } 2>&1 | tee "$OUT/log.txt"

@@ -7,8 +7,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def pytest_addoption(parser):
     parser.addoption("--block-module", default=None, metavar="PATH",
-                     help="tests/test_select_block_cpu.py: run on this copy of ops/select_block.py (a variant: "
-                          "bench/block_variants.py) instead of the shipped module")
+                     help="run the block path's tests on this copy of ops/select_block.py (a variant: "
+                          "bench/block_variants.py) instead of the shipped module: tests/test_select_block_cpu.py, "
+                          "and on a GPU every test that reaches the block path through tpflare.ops")
+
+
+def pytest_configure(config):
+    path = config.getoption("--block-module", default=None)
+    if path:  # the variant stands in for tpflare.ops.select_block everywhere, before test modules import it
+        import sys
+
+        import tpflare.ops
+        from tpflare.ops import select_kernel
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from block_on_cpu import load_module
+
+        variant = load_module(path)
+        sys.modules["tpflare.ops.select_block"] = variant
+        tpflare.ops.select_block = variant
+        select_kernel.select_block = variant
 
 
 def pytest_collection_modifyitems(config, items):

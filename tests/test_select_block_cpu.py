@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import cuda_on_cpu
-from block_on_cpu import BlockOnCpu, load_module
+from block_on_cpu import BlockOnCpu
 from test_select_kernel_gpu import (KINDS, _clustered, _mass_tie, check_equal, make_case, neginf_cutoff_case, ref_packed,
                                     ref_python)
 from tpflare.ops import select_block
@@ -28,10 +28,10 @@ pytestmark = pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ c
 
 
 @pytest.fixture(scope="module")
-def sb(request):
-    """The module under test: ops/select_block.py, or the copy ``--block-module`` names."""
-    path = request.config.getoption("--block-module")
-    return select_block if path is None else load_module(path)
+def sb():
+    """The module under test: ops/select_block.py, or the copy ``--block-module`` names (which
+    conftest.py puts in its place)."""
+    return select_block
 
 
 @pytest.fixture
