@@ -277,11 +277,12 @@ KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNOR
          "merge_gated": _POS_IN | _GATED, "sample": _SAMPLE, "keep": _KEEP}
 SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 1024, 256, 16  # the sample's and the keep's blocks
 KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
+SAMPLED_TARGET, SAMPLED_WIDTH = 2.0, 4.0  # x k: what the sample aims to keep a row; the workspace row (the merge's most)
 """),
     ('return (("row", tile(n)),) if chunks == 1', 'return (("row", tile(n)),) if chunks == 1', """\
     if chunks == 1:
         return (("row", tile(n)),)
-    w = max(chunks * kc, min(TILE_N, 4 * k))  # block_select's workspace row
+    w = max(chunks * kc, min(TILE_N, int(SAMPLED_WIDTH * k)))  # block_select's workspace row
     return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), ("chunks_gated", tile(chunk)), ("merge_gated", tile(w)))
 """),
     ('f"#define POS_IN {_POS_IN}', "+ SOURCE)", """\
@@ -453,8 +454,8 @@ _KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
 """),
     ("m = chunks * kc  # the merge's candidates a row", "return out_ids, out_sc", """\
     m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
-    w = max(m, min(TILE_N, 4 * k))  # a workspace row: the kept candidates, or the chunks' winners
-    target = max(1, min(2 * k, w // 2))  # what the sample aims to keep a row
+    w = max(m, min(TILE_N, int(SAMPLED_WIDTH * k)))  # a workspace row: the kept candidates, or the chunks' winners
+    target = max(1, min(int(SAMPLED_TARGET * k), 3 * w // 4))  # what the sample aims to keep a row
     w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
     w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)
     w_pos = torch.empty((q, w), dtype=torch.int32, device=dev)
@@ -499,9 +500,15 @@ SAMPLED_ROWS = 256  # rows of one block: the sampled keep from this many rows
 """),
 ]
 
+# sampled_rows with a tighter keep: about 1.5 k kept a row in a workspace row of 2 k (4096 at k = 2048,
+# the 256-thread merge where the chunks' winners fit it), so the merge loads and selects less and
+# its tile is smaller; more rows fall back to the chunks where the sample is sparse (about 48 of
+# 2048 samples above the cutoff at 131072 candidates)
+_TIGHT = [Sub(r"SAMPLED_TARGET, SAMPLED_WIDTH = 2\.0, 4\.0", "SAMPLED_TARGET, SAMPLED_WIDTH = 1.5, 2.0", 1)]
+
 VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
             "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED,
-            "sampled_rows": _SAMPLED + _SAMPLED_ROWS}
+            "sampled_rows": _SAMPLED + _SAMPLED_ROWS, "sampled_rows_tight": _SAMPLED + _SAMPLED_ROWS + _TIGHT}
 
 
 def _edit(text: str, edit, what: str) -> str:

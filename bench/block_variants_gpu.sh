@@ -5,7 +5,7 @@
 #   bash bench/block_variants_gpu.sh   (results in $OUT: variants_ab.json, variant_phases.json, log.txt)
 #   CELLS=8192x64,8192x1024,4096x1024,24576x1024 bash bench/block_variants_gpu.sh   (a second call)
 #   VARIANTS="scan scan+match" CELLS=16384x1024 bash bench/block_variants_gpu.sh
-#   VARIANTS="sampled sampled_rows scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= \
+#   VARIANTS="sampled sampled_rows sampled_rows_tight scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= \
 #     PATHS=row,staged FUZZ=60 TESTS_ON=sampled AB_TIMEOUT=420 bash bench/block_variants_gpu.sh   (the first call to
 #     make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing the first variant,
 #     the block path's GPU tests on it; no phases, so the A/B may take 420 s)

@@ -101,8 +101,8 @@ def _sampled_status(mod, scores, ids, k):
     status), status -1 where the kept ones may miss a winner or do not fit."""
     q, n = scores.shape
     chunks, chunk, kc = mod.chunking(n, k)
-    w = max(chunks * kc, min(mod.TILE_N, 4 * k))
-    target = max(1, min(2 * k, w // 2))
+    w = max(chunks * kc, min(mod.TILE_N, int(mod.SAMPLED_WIDTH * k)))
+    target = max(1, min(int(mod.SAMPLED_TARGET * k), 3 * w // 4))
     out = []
     for r in range(q):
         keys = [_packed(b, i) for b, i in zip(scores[r].view(torch.int32).tolist(), ids[r].tolist())]
@@ -116,11 +116,13 @@ def _sampled_status(mod, scores, ids, k):
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-def test_sampled_keep_serves_rows_and_the_chunks_the_rest(tmp_path):
-    """Variant ``sampled``: the keep's status a row against the rule in plain Python, and an exact
-    output both where the keep serves the row and where the chunks do: a sample that sees only the
-    row's best (too few kept), one key throughout (too many), fewer valid than k."""
-    mod = load_module(block_variants.write("sampled", str(tmp_path)))
+@pytest.mark.parametrize("variant", ["sampled", "sampled_rows_tight"])
+def test_sampled_keep_serves_rows_and_the_chunks_the_rest(tmp_path, variant):
+    """Variants ``sampled`` (and its tighter keep): the keep's status a row against the rule in
+    plain Python, and an exact output both where the keep serves the row and where the chunks do:
+    a sample that sees only the row's best (too few kept), one key throughout (too many), fewer
+    valid than k."""
+    mod = load_module(block_variants.write(variant, str(tmp_path)))
     run = BlockOnCpu(mod)
     g = torch.Generator().manual_seed(9)
     n, k = 40000, 2048
