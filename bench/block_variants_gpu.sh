@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One device call: the block kernel's variants (bench/block_variants.py) against the shipped kernel,
 # every cell checked bit for bit; one variant's phases; the block path's GPU tests (TESTS_ON: on a variant). At most 9
-# minutes: its steps time out at 330 (AB_TIMEOUT) + 120 + 90 s, within the device tool's 600 a call.
+# minutes: its steps time out at 330 (AB_TIMEOUT) + 120 + 90 s (+ 60 with PHASES_OF), within the device tool's 600.
 #   bash bench/block_variants_gpu.sh   (results in $OUT: variants_ab.json, variant_phases.json, log.txt)
 #   CELLS=8192x64,8192x1024,4096x1024,24576x1024 bash bench/block_variants_gpu.sh   (a second call)
 #   VARIANTS="scan scan+match" CELLS=16384x1024 bash bench/block_variants_gpu.sh
 #   VARIANTS="sampled sampled_rows sampled_rows_tight scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= \
-#     PATHS=row,staged FUZZ=60 TESTS_ON=sampled AB_TIMEOUT=420 bash bench/block_variants_gpu.sh   (the first call to
-#     make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing the first variant,
-#     the block path's GPU tests on it; no phases, so the A/B may take 420 s)
+#     PATHS=row,staged FUZZ=60 PHASES_OF=sampled_rows TESTS_ON=sampled AB_TIMEOUT=380 bash bench/block_variants_gpu.sh
+#     (the first call to make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing
+#     the first variant, sampled_rows' kernels one by one, the block path's GPU tests on sampled; no profile, so
+#     the A/B may take 380 s)
 # Before a call: every variant passes the CPU runner's tests
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
 set -u
@@ -36,6 +37,10 @@ PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
   echo "=== A/B (old columns: the variants; new: the shipped kernel)"
   timeout "${AB_TIMEOUT:-330}" python3 bench/block_ab.py "${olds[@]}" --cells "$CELLS" --patterns random,ties,short --fuzz-seconds "${FUZZ:-0}" \
     ${FUZZ:+--fuzz-old} ${PATHS:+--paths "$PATHS"} --out "$OUT/variants_ab.json"
+  if [ -n "${PHASES_OF:-}" ]; then  # a sampled variant's kernels timed one by one (bench/sampled_phases.py)
+    echo "=== the sampled keep's kernels ($PHASES_OF)"
+    timeout 60 python3 bench/sampled_phases.py --module "$V/$PHASES_OF.py" --out "$OUT/sampled_phases.json"
+  fi
   if [ -n "$PROFILE" ]; then
     echo "=== phases of $PROFILE (bench/block_phases.py)"
     timeout 120 python3 bench/block_phases.py --module "$V/$PROFILE.py" --cells "$PROFILE_CELLS" --patterns random,ties \
