@@ -39,7 +39,7 @@ PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
     ${FUZZ:+--fuzz-old} ${PATHS:+--paths "$PATHS"} --out "$OUT/variants_ab.json"
   if [ -n "${PHASES_OF:-}" ]; then  # a sampled variant's kernels timed one by one (bench/sampled_phases.py)
     echo "=== the sampled keep's kernels ($PHASES_OF)"
-    timeout 60 python3 bench/sampled_phases.py --module "$V/$PHASES_OF.py" --out "$OUT/sampled_phases.json"
+    timeout 60 python3 bench/sampled_phases.py --module "$V/$PHASES_OF.py" --sampled-rows 1 --out "$OUT/sampled_phases.json"
   fi
   if [ -n "$PROFILE" ]; then
     echo "=== phases of $PROFILE (bench/block_phases.py)"

@@ -6,7 +6,10 @@ bit against the GPU tests' ``ref_packed``, and the rows the chunks served are co
 
     python3 bench/block_variants.py --out /tmp/v sampled_rows
     python3 bench/sampled_phases.py --module /tmp/v/sampled_rows.py --out phases.json \
-        [--cells 32768x1024,131072x64,16384x1024] [--patterns random,ties,short]
+        [--cells 32768x1024,131072x64,16384x1024,16384x1,16384x4] [--patterns random,ties,short] [--sampled-rows 1]
+
+``--sampled-rows R`` sets the variant's ``SAMPLED_ROWS``: rows of one block take the sampled keep
+from R rows (1: a one-row call too, to weigh the chain of four launches against the staged path).
 """
 from __future__ import annotations
 
@@ -52,14 +55,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--module", required=True, help="a sampled variant of ops/select_block.py")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--cells", default="32768x1024,131072x64,16384x1024", help="N x Q, comma-separated")
+    ap.add_argument("--cells", default="32768x1024,131072x64,16384x1024,16384x1,16384x4", help="N x Q, comma-separated")
     ap.add_argument("--patterns", default="random,ties,short")
     ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--sampled-rows", type=int, help="the variant's SAMPLED_ROWS (sampled_rows' variants)")
     a = ap.parse_args(argv)
     mod = load_module(a.module)
+    if a.sampled_rows is not None:
+        mod.SAMPLED_ROWS = a.sampled_rows
     up = Upto(mod)
     mod.compile_tile = up
-    rec: dict = dict(device=torch.cuda.get_device_name(), module=a.module, cells=[])
+    rec: dict = dict(device=torch.cuda.get_device_name(), module=a.module, sampled_rows=getattr(mod, "SAMPLED_ROWS", None),
+                     cells=[])
     for n, q in [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",")]:
         for pat in a.patterns.split(","):
             sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
