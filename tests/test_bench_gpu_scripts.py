@@ -1,0 +1,82 @@
+"""The block path's GPU benchmark scripts (bench/block_ab.py, bench/sampled_phases.py) run end to
+end on the CPU before a device call spends minutes on them: their kernels built for the CPU
+(tests/block_on_cpu.py), CPU inputs, and each timing replaced by one call (the figures are
+meaningless here; the records, the exactness checks and the launch cuts are what is tested)."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+import cuda_on_cpu
+from block_on_cpu import BlockOnCpu
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import bench_select_kernel  # noqa: E402
+import block_ab  # noqa: E402
+import block_variants  # noqa: E402
+import sampled_phases  # noqa: E402
+
+pytestmark = pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+
+
+def _on_cpu(monkeypatch, script):
+    """The script's GPU pieces on the CPU: modules it loads launch through the CPU runner."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu")
+    monkeypatch.setattr(script, "make_inputs", functools.partial(bench_select_kernel.make_inputs, device="cpu"))
+    monkeypatch.setattr(script, "time_graph", lambda fn, sets, reps, replays: (fn(*sets[0]), 1e-3)[1])
+    load = script.load_module
+
+    def load_on_cpu(path):
+        mod = load(path)
+        mod.compile_tile = BlockOnCpu(mod).compile_tile
+        return mod
+    monkeypatch.setattr(script, "load_module", load_on_cpu)
+
+
+def test_block_ab_times_every_column_and_checks_every_module(tmp_path, monkeypatch):
+    _on_cpu(monkeypatch, block_ab)
+    monkeypatch.setattr(block_ab.new, "compile_tile", BlockOnCpu(block_ab.new).compile_tile)
+    monkeypatch.setattr(block_ab.select_kernel, "triton_ordered_select",
+                        lambda s, i, k, path=None: torch.topk(s, k, dim=1))  # (a timing column only)
+    variant = block_variants.write("sampled", str(tmp_path))
+    out = tmp_path / "ab.json"
+    assert block_ab.main(["--old", variant, "--cells", "20000x1,300x9", "--k", "40", "--patterns", "random,short",
+                          "--paths", "row,staged", "--fuzz-seconds", "0", "--out", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["n"], c["q"], c["pattern"]) for c in cells] == [(20000, 1, "random"), (20000, 1, "short"),
+                                                               (300, 9, "random"), (300, 9, "short")]
+    for c in cells:
+        assert c["old_exact"] is True and c["new_exact"] is True
+        assert {"old", "new", "topk", "row"} <= set(c) and ("staged" in c) == (c["q"] <= 8)
+
+
+def test_sampled_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch):
+    _on_cpu(monkeypatch, sampled_phases)
+    launched = []
+    real_time = sampled_phases.time_graph
+
+    def count(fn, sets, reps, replays):  # the kernels each timed call launched
+        before = len(runs)
+        real_time(fn, sets, reps, replays)
+        launched.append(len(runs) - before)
+        return 1e-3 * len(launched)
+    runs = []
+    monkeypatch.setattr(sampled_phases, "time_graph", count)
+    monkeypatch.setattr(cuda_on_cpu.Kernel, "__call__",
+                        lambda self, *a, _real=cuda_on_cpu.Kernel.__call__, **kw: (runs.append(1), _real(self, *a, **kw)))
+    variant = block_variants.write("sampled_rows", str(tmp_path))
+    out = tmp_path / "phases.json"
+    assert sampled_phases.main(["--module", variant, "--cells", "9000x2", "--k", "100", "--patterns", "random",
+                                "--sampled-rows", "1", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["sampled_rows"] == 1 and len(rec["cells"]) == 1
+    cell = rec["cells"][0]
+    assert cell["exact"] is True and cell["rows_chunks"] == 0 and len(cell["launches"]) == 4
+    assert launched == [1, 2, 3, 4]  # the call cut after its first, second, third kernel, then whole
