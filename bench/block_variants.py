@@ -506,9 +506,294 @@ SAMPLED_ROWS = 256  # rows of one block: the sampled keep from this many rows
 # 2048 samples above the cutoff at 131072 candidates)
 _TIGHT = [Sub(r"SAMPLED_TARGET, SAMPLED_WIDTH = 2\.0, 4\.0", "SAMPLED_TARGET, SAMPLED_WIDTH = 1.5, 2.0", 1)]
 
+# a row of one block at up to SPREAD_ROWS rows (the Triton staged path's shapes, 1-4 rows) spread
+# over blocks of 2048 candidates, in NVRTC kernels (the staged path's Triton plans compile in
+# 2.5-3.5 s): "hist" adds each block's 12-bit histogram of the score keys to the row's (global
+# atomics, a bin a block); "compact" finds the cutoff bin from it (every block, the same scan),
+# sends the candidates above it to the winner list in bin order (a bin's first slot from the scan,
+# a global atomic a winner) and those in it to an in-play list (a block scan, an atomic a block);
+# "finish" (the merge kernel, its row's count, wanted number and output offset read from the row's
+# status) selects and orders the wanted ones of the in-play list straight into the output after
+# the winners above; "rank" writes each winner above at its rank in its bin (the members before
+# it: a larger packed key, or an equal one at a smaller position) and the pads.
+_SPREAD = [
+    ("def plan_kernels(", "def plan_kernels(", '''\
+_SPREAD_BIT = 32  # SOURCE's MODE bit: the finish of the spread path
+KINDS.update({"finish": _POS_IN | _SPREAD_BIT, "hist": 64, "compact": 128, "rank": 192})
+SPREAD_ROWS, SPREAD_THREADS, SPREAD_ITEMS = 4, 256, 8  # up to this many rows of one block; its blocks
+KIND_THREADS = {**globals().get("KIND_THREADS", {}), "hist": SPREAD_THREADS, "compact": SPREAD_THREADS,
+                "rank": SPREAD_THREADS}
+
+
+def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None) -> tuple[tuple[str, int], ...]:
+    """As the shipped plan; with ``q`` (rows) up to SPREAD_ROWS and a row of one block, the spread
+    path's kernels."""
+    if q is not None and q <= SPREAD_ROWS and chunking(n, k, chunk)[0] == 1:
+        return (("hist", SPREAD_THREADS), ("compact", SPREAD_THREADS), ("finish", tile(n)), ("rank", SPREAD_THREADS))
+    return _plan_kernels_one_path(n, k, chunk)
+
+
+def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None) -> tuple[tuple[str, int], ...]:
+'''),
+    ("auto position = [&](int p) -> int {", "auto position = [&](int p) -> int {", """\
+  int spread_nab = 0;  // (the spread path's finish: where its output starts in the row)
+#if MODE & SPREAD  // the spread path's finish: the row's in-play count, wanted number and output offset
+  {
+    const int* st = out_pos;
+    N = __ldg(st + row * 8 + 0);
+    K = __ldg(st + row * 8 + 1);
+    spread_nab = __ldg(st + row * 8 + 2);
+    if (K == 0) return;  // (the whole block, before any barrier: the winners above the cutoff bin are all)
+  }
+#endif
+  auto position = [&](int p) -> int { return (mode & POS_IN) ? __ldg(prow + p) : base + p; };
+"""),
+    ("  int* orow = out_ids + row * s_oi;", "  int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os;", """\
+  int* orow = out_ids + row * s_oi + spread_nab;
+  int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os + spread_nab;
+"""),
+    ("def compile_tile(", "def compile_tile(", '''\
+_source_one_path = source
+
+
+def source(threads: int, kind: str = "row") -> str:
+    """As the shipped source; the spread path's hist, compact and rank kernels are SPREAD_SOURCES'."""
+    head = f"#define SPREAD {_SPREAD_BIT}\\n#define SPB {SPREAD_THREADS}\\n#define SPI {SPREAD_ITEMS}\\n"
+    if kind in SPREAD_SOURCES:
+        return head + SPREAD_SOURCES[kind]
+    return head + _source_one_path(threads, kind)
+
+
+_SPREAD_HEAD = r"""
+// the spread path's kernels (hist, compact, rank): blocks of SPB threads x SPI candidates
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+#define NBIN 4096  // the 12-bit prefix of the score key
+#define ST 8  // a row's status: in-play count, wanted from it, winners above the cutoff bin, selected
+
+__device__ __forceinline__ u32 order_key(int bits, int id) {  // as SOURCE's (0: invalid)
+  int s = bits >= 0 ? bits : (bits ^ 0x7FFFFFFF);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) s = (int)0x80000001;
+  if (id < 0) s = (int)0x80000000;
+  return (u32)s ^ 0x80000000u;
+}
+
+// the exclusive sum over the block of v (one value a thread), and the block's total
+__device__ __forceinline__ int block_scan(int v, int* wsum, int& total) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  if (tid < 32) {
+    const int w = tid < SPB / 32 ? wsum[tid] : 0;
+    int wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(FULL, wi, o);
+      if (tid >= o) wi += y;
+    }
+    if (tid < SPB / 32) wsum[tid] = wi - w;
+    if (tid == 31) wsum[SPB / 32] = wi;
+  }
+  __syncthreads();
+  total = wsum[SPB / 32];
+  const int ex = wsum[warp] + incl - v;
+  __syncthreads();  // (wsum is free again)
+  return ex;
+}
+
+"""
+SPREAD_SOURCES = {"hist": _SPREAD_HEAD + r"""
+// grid (rows, blocks): the block's histogram of its valid candidates' 12-bit prefixes, added to the row's
+extern "C" __global__ void __launch_bounds__(SPB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, int* __restrict__ ghist, int N,
+                    int s_sq, int s_iq) {
+  __shared__ int h[NBIN];
+  const int tid = threadIdx.x;
+  const i64 row = blockIdx.x;
+  const int base = blockIdx.y * (SPB * SPI);
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+  for (int i = tid; i < NBIN; i += SPB) h[i] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < SPI; ++t) {
+    const int p = base + t * SPB + tid;
+    if (p < N) {
+      const int id = __ldg(irow + p);
+      if (id >= 0) atomicAdd(&h[order_key(__ldg(srow + p), id) >> 20], 1);
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < NBIN; i += SPB)
+    if (h[i]) atomicAdd(ghist + row * NBIN + i, h[i]);
+}
+""", "compact": _SPREAD_HEAD + r"""
+// grid (rows, blocks): the cutoff bin c (the bin of the K-th largest key; from the top bin down, the
+// bins above it hold fewer than min(K, valid)); candidates of bins above c to the winner list at
+// their bin's slots (gofs: the row's bin offsets, written by block 0 for the rank), those of c to
+// the in-play list; the row's status (block 0)
+extern "C" __global__ void __launch_bounds__(SPB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ ghist,
+                    int* __restrict__ gfill, int* __restrict__ gofs, int* __restrict__ st, i64* __restrict__ wkey,
+                    int* __restrict__ wpos, int* __restrict__ p_sc, int* __restrict__ p_id, int* __restrict__ p_pos,
+                    int N, int K, int s_sq, int s_iq) {
+  constexpr int BPT = NBIN / SPB;  // bins a thread: thread t holds bins NBIN - 1 - BPT t - j
+  __shared__ int off[NBIN];
+  __shared__ int wsum[SPB / 32 + 1];
+  __shared__ int cut[3];  // cutoff bin, winners above it, the block's first in-play slot
+  const int tid = threadIdx.x;
+  const i64 row = blockIdx.x;
+  const int base = blockIdx.y * (SPB * SPI);
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+  int c[BPT];
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < BPT; ++j) {
+    c[j] = __ldg(ghist + row * NBIN + (NBIN - 1 - BPT * tid - j));
+    sum += c[j];
+  }
+  if (tid == 0) {
+    cut[0] = NBIN;  // (no winner: no bin is the cutoff)
+    cut[1] = 0;
+  }
+  int valid;
+  int acc = block_scan(sum, wsum, valid);  // candidates in the bins above this thread's first
+  const int nsel = min(K, valid);
+#pragma unroll
+  for (int j = 0; j < BPT; ++j) {
+    const int b = NBIN - 1 - BPT * tid - j;
+    off[b] = acc;
+    if (acc < nsel && nsel <= acc + c[j]) {
+      cut[0] = b;
+      cut[1] = acc;
+    }
+    acc += c[j];
+  }
+  __syncthreads();
+  const int cb = cut[0], nab = cut[1];
+  if (blockIdx.y == 0) {
+    for (int b = tid; b < NBIN; b += SPB) gofs[row * NBIN + b] = off[b];
+    if (tid == 0) {
+      st[row * ST + 1] = nsel - nab;
+      st[row * ST + 2] = nab;
+      st[row * ST + 3] = nsel;
+    }
+  }
+  int bits[SPI], id[SPI];
+  u32 play = 0;
+#pragma unroll
+  for (int t = 0; t < SPI; ++t) {
+    const int p = base + t * SPB + tid;
+    bits[t] = p < N ? __ldg(srow + p) : 0;
+    id[t] = p < N ? __ldg(irow + p) : -1;
+    if (id[t] < 0) continue;
+    const u32 key = order_key(bits[t], id[t]);
+    const int b = (int)(key >> 20);
+    if (b > cb) {  // above the cutoff bin: a winner, at its bin's next slot
+      const int slot = off[b] + atomicAdd(gfill + row * NBIN + b, 1);
+      wkey[row * K + slot] = ((i64)key << 31) | (i64)(0x7FFFFFFFu - (u32)id[t]);
+      wpos[row * K + slot] = p;
+    } else if (b == cb) {
+      play |= 1u << t;
+    }
+  }
+  int total;
+  int slot = block_scan(__popc(play), wsum, total);
+  if (tid == 0) cut[2] = total ? atomicAdd(st + row * ST + 0, total) : 0;
+  __syncthreads();
+  slot += cut[2];
+#pragma unroll
+  for (int t = 0; t < SPI; ++t) {
+    if ((play >> t) & 1u) {
+      p_sc[row * N + slot] = bits[t];
+      p_id[row * N + slot] = id[t];
+      p_pos[row * N + slot] = base + t * SPB + tid;
+      ++slot;
+    }
+  }
+}
+""", "rank": _SPREAD_HEAD + r"""
+// grid (rows, K / SPB): output slot s = y SPB + tid: the winner above the cutoff bin at list slot s
+// goes to its rank (its bin's offset, plus the members of its bin before it); slots from the
+// row's selected count on get pads (the finish wrote those between)
+extern "C" __global__ void __launch_bounds__(SPB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ghist, const int* __restrict__ gofs,
+                    const int* __restrict__ st, const i64* __restrict__ wkey, const int* __restrict__ wpos,
+                    int* __restrict__ out_ids, float* __restrict__ out_sc, int K, int s_sq, int s_oi, int s_os) {
+  const i64 row = blockIdx.x;
+  const int s = blockIdx.y * SPB + threadIdx.x;
+  if (s >= K) return;
+  const int nab = __ldg(st + row * ST + 2), nsel = __ldg(st + row * ST + 3);
+  int* orow = out_ids + row * s_oi;
+  int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os;
+  if (s < nab) {
+    const i64 kk = __ldg(wkey + row * K + s);
+    const int pp = __ldg(wpos + row * K + s);
+    const int b = (int)((u64)kk >> 51);  // (the score key's top 12 bits)
+    const int o = __ldg(gofs + row * NBIN + b), n = __ldg(ghist + row * NBIN + b);
+    int r = o;
+    for (int t = o; t < o + n; ++t) {
+      const i64 kj = __ldg(wkey + row * K + t);
+      r += (kj > kk || (kj == kk && __ldg(wpos + row * K + t) < pp)) ? 1 : 0;
+    }
+    orow[r] = 0x7FFFFFFF - (int)(kk & 0x7FFFFFFF);
+    osrow[r] = __ldg(reinterpret_cast<const int*>(scores) + row * s_sq + pp);
+  } else if (s >= nsel) {
+    orow[s] = -1;
+    osrow[s] = (int)0xFF800000;
+  }
+}
+"""}
+
+
+def _spread_select(scores, ids, k, out_ids, out_sc):
+    """The spread path (rows of one block, up to SPREAD_ROWS rows): hist, compact, finish, rank."""
+    q, n = scores.shape
+    dev = scores.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    zero = torch.zeros(q * (2 * 4096 + 8), **i32)  # the histograms, the bins' fill counts, the rows' status
+    ghist, gfill, st = (zero[: q * 4096].view(q, 4096), zero[q * 4096: 2 * q * 4096].view(q, 4096),
+                        zero[2 * q * 4096:].view(q, 8))
+    gofs = torch.empty((q, 4096), **i32)
+    wkey = torch.empty((q, k), dtype=torch.int64, device=dev)
+    wpos = torch.empty((q, k), **i32)
+    p_sc, p_id, p_pos = (torch.empty((q, n), **i32) for _ in range(3))
+    blocks, b = -(-n // (SPREAD_THREADS * SPREAD_ITEMS)), (SPREAD_THREADS, 1, 1)
+    compile_tile(SPREAD_THREADS, dev.index, "hist")(
+        grid=(q, blocks, 1), block=b, shared_mem=0, args=[scores, ids, ghist, n, scores.stride(0), ids.stride(0)])
+    compile_tile(SPREAD_THREADS, dev.index, "compact")(
+        grid=(q, blocks, 1), block=b, shared_mem=0,
+        args=[scores, ids, ghist, gfill, gofs, st, wkey, wpos, p_sc, p_id, p_pos, n, k, scores.stride(0), ids.stride(0)])
+    t = tile(n)
+    compile_tile(t, dev.index, "finish")(  # (the merge kernel on the in-play list; out_pos: the rows' status)
+        grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
+        args=[p_sc, p_id, p_pos, out_ids, out_sc, st, n, k, n, n, n, n, out_ids.stride(0), out_sc.stride(0), 0])
+    compile_tile(SPREAD_THREADS, dev.index, "rank")(
+        grid=(q, -(-k // SPREAD_THREADS), 1), block=b, shared_mem=0,
+        args=[scores, ghist, gofs, st, wkey, wpos, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
+              out_sc.stride(0)])
+    return out_ids, out_sc
+
+
+def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
+'''),
+    Sub(r"(    chunks, chunk, kc = chunking\(n, k, chunk\)\n)(    if chunks == 1[^\n]*\n        t = tile\(n\))",
+        r"\1    if chunks == 1 and q <= SPREAD_ROWS:\n        return _spread_select(scores, ids, k, out_ids, out_sc)\n\2", 1),
+]
+
 VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
             "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED,
-            "sampled_rows": _SAMPLED + _SAMPLED_ROWS, "sampled_rows_tight": _SAMPLED + _SAMPLED_ROWS + _TIGHT}
+            "sampled_rows": _SAMPLED + _SAMPLED_ROWS, "sampled_rows_tight": _SAMPLED + _SAMPLED_ROWS + _TIGHT,
+            "spread": _SPREAD}
 
 
 def _edit(text: str, edit, what: str) -> str:

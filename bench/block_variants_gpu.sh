@@ -10,6 +10,8 @@
 #     (the first call to make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing
 #     the first variant, sampled_rows' kernels one by one, the block path's GPU tests on sampled; no profile, so
 #     the A/B may take 380 s)
+#   VARIANTS=spread CELLS=16384x1,16384x2,16384x4,8192x1,4096x1,2048x4 PROFILE= PATHS=staged FUZZ=60 TESTS_ON=spread \
+#     bash bench/block_variants_gpu.sh   (the spread path at 1-4 rows against the Triton staged path; about 4 minutes)
 # Before a call: every variant passes the CPU runner's tests
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
 set -u

@@ -69,6 +69,8 @@ SLIPS = {
     "digits11": ("if (lo < rem && rem <= hi) {", "if (lo < rem && rem < hi) {", "ties"),
     # equal keys (one id twice) ranked by <=: two winners take one output slot
     "rank_keys": ("          r += sm.wpos[j] < pp ? 1 : 0;", "          r += sm.wpos[j] <= pp ? 1 : 0;", "nandups"),
+    # the spread path's rank of a winner above the cutoff bin: equal keys by position with <=
+    "spread": ("(kj == kk && __ldg(wpos + row * K + t) < pp)", "(kj == kk && __ldg(wpos + row * K + t) <= pp)", "nandups"),
 }
 
 
