@@ -143,3 +143,18 @@ def test_sampled_keep_serves_rows_and_the_chunks_the_rest(tmp_path, variant):
     assert [st for _, _, st in got] == [-1, -1]  # one key: more than the workspace holds
     assert [st >= 0 for _, _, st in _sampled_status(mod, scores, ids, k)] == [True, False, True]
     assert {kind for _, kind in run.launched} == {"sample", "keep", "chunks_gated", "merge_gated"}
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_spread_is_exact_on_the_cpu(tmp_path):
+    """Variant ``spread`` (1-4 rows of one block): winners above the cutoff bin ranked in their
+    bins, the bin's own picked and ordered by the finish, pads, against the plain Python sort: NaN
+    payloads on duplicate ids, a mass tie, a row of pads only, fewer valid than k, k of 1."""
+    run = BlockOnCpu(load_module(block_variants.write("spread", str(tmp_path))))
+    cases = [(make_case("nandups", 3, 5000, 2048, seed=2), 2048), (_mass_tie("equal", 2, 9000, seed=3), 1500),
+             (make_case("padding", 4, 700, 300, seed=4), 300), (make_case("special", 1, 16384, 1, seed=5), 1)]
+    empty = (torch.zeros(2, 300), torch.full((2, 300), -1, dtype=torch.int32))
+    cases.append((empty, 50))
+    for (scores, ids), k in cases:
+        check_equal(run(scores, ids, k, seed=k % 7 + 1), ref_python(scores, ids, k), f"spread q={scores.shape[0]} k={k}")
+    assert {kind for _, kind in run.launched} == {"hist", "compact", "finish", "rank"}
