@@ -6,12 +6,14 @@
 #   CELLS=8192x64,8192x1024,4096x1024,24576x1024 bash bench/block_variants_gpu.sh   (a second call)
 #   VARIANTS="scan scan+match" CELLS=16384x1024 bash bench/block_variants_gpu.sh
 #   VARIANTS="sampled sampled_rows sampled_rows_tight scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= \
-#     PATHS=row,staged FUZZ=60 PHASES_OF=sampled_rows TESTS_ON=sampled AB_TIMEOUT=380 bash bench/block_variants_gpu.sh
+#     PATHS=row,staged FUZZ=60 PHASES_OF=sampled_rows PHASES_SET=SAMPLED_ROWS=1 TESTS_ON=sampled AB_TIMEOUT=380 \
+#     bash bench/block_variants_gpu.sh
 #     (the first call to make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing
 #     the first variant, sampled_rows' kernels one by one, the block path's GPU tests on sampled; no profile, so
 #     the A/B may take 380 s)
 #   VARIANTS=spread CELLS=16384x1,16384x2,16384x4,8192x1,4096x1,2048x4 PROFILE= PATHS=staged FUZZ=60 TESTS_ON=spread \
-#     bash bench/block_variants_gpu.sh   (the spread path at 1-4 rows against the Triton staged path; about 4 minutes)
+#     PHASES_OF=spread PHASES_CELLS=16384x1,16384x4,4096x1 bash bench/block_variants_gpu.sh   (the spread path at 1-4
+#     rows against the Triton staged path, its kernels one by one; about 4 minutes)
 # Before a call: every variant passes the CPU runner's tests
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
 set -u
@@ -39,9 +41,11 @@ PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
   echo "=== A/B (old columns: the variants; new: the shipped kernel)"
   timeout "${AB_TIMEOUT:-330}" python3 bench/block_ab.py "${olds[@]}" --cells "$CELLS" --patterns random,ties,short --fuzz-seconds "${FUZZ:-0}" \
     ${FUZZ:+--fuzz-old} ${PATHS:+--paths "$PATHS"} --out "$OUT/variants_ab.json"
-  if [ -n "${PHASES_OF:-}" ]; then  # a sampled variant's kernels timed one by one (bench/sampled_phases.py)
-    echo "=== the sampled keep's kernels ($PHASES_OF)"
-    timeout 60 python3 bench/sampled_phases.py --module "$V/$PHASES_OF.py" --sampled-rows 1 --out "$OUT/sampled_phases.json"
+  if [ -n "${PHASES_OF:-}" ]; then  # a variant's kernels timed one by one (bench/launch_phases.py)
+    echo "=== $PHASES_OF's kernels one by one"
+    # shellcheck disable=SC2086
+    timeout 60 python3 bench/launch_phases.py --module "$V/$PHASES_OF.py" ${PHASES_SET:+--set "$PHASES_SET"} \
+      ${PHASES_CELLS:+--cells "$PHASES_CELLS"} --out "$OUT/launch_phases.json"
   fi
   if [ -n "$PROFILE" ]; then
     echo "=== phases of $PROFILE (bench/block_phases.py)"

@@ -1,4 +1,4 @@
-"""The block path's GPU benchmark scripts (bench/block_ab.py, bench/sampled_phases.py) run end to
+"""The block path's GPU benchmark scripts (bench/block_ab.py, bench/launch_phases.py) run end to
 end on the CPU before a device call spends minutes on them: their kernels built for the CPU
 (tests/block_on_cpu.py), CPU inputs, and each timing replaced by one call (the figures are
 meaningless here; the records, the exactness checks and the launch cuts are what is tested)."""
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import bench_select_kernel  # noqa: E402
 import block_ab  # noqa: E402
 import block_variants  # noqa: E402
-import sampled_phases  # noqa: E402
+import launch_phases  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 
@@ -57,10 +57,13 @@ def test_block_ab_times_every_column_and_checks_every_module(tmp_path, monkeypat
         assert {"old", "new", "topk", "row"} <= set(c) and ("staged" in c) == (c["q"] <= 8)
 
 
-def test_sampled_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch):
-    _on_cpu(monkeypatch, sampled_phases)
+@pytest.mark.parametrize("variant,sets,kinds", [
+    ("sampled_rows", ["--set", "SAMPLED_ROWS=1"], ["sample", "keep", "chunks_gated", "merge_gated"]),
+    ("spread", [], ["hist", "compact", "finish", "rank"])])
+def test_launch_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch, variant, sets, kinds):
+    _on_cpu(monkeypatch, launch_phases)
     launched = []
-    real_time = sampled_phases.time_graph
+    real_time = launch_phases.time_graph
 
     def count(fn, sets, reps, replays):  # the kernels each timed call launched
         before = len(runs)
@@ -68,15 +71,15 @@ def test_sampled_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch):
         launched.append(len(runs) - before)
         return 1e-3 * len(launched)
     runs = []
-    monkeypatch.setattr(sampled_phases, "time_graph", count)
+    monkeypatch.setattr(launch_phases, "time_graph", count)
     monkeypatch.setattr(cuda_on_cpu.Kernel, "__call__",
                         lambda self, *a, _real=cuda_on_cpu.Kernel.__call__, **kw: (runs.append(1), _real(self, *a, **kw)))
-    variant = block_variants.write("sampled_rows", str(tmp_path))
+    path = block_variants.write(variant, str(tmp_path))
     out = tmp_path / "phases.json"
-    assert sampled_phases.main(["--module", variant, "--cells", "9000x2", "--k", "100", "--patterns", "random",
-                                "--sampled-rows", "1", "--out", str(out)]) == 0
+    assert launch_phases.main(["--module", path, "--cells", "9000x2", "--k", "100", "--patterns", "random", *sets,
+                               "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert rec["sampled_rows"] == 1 and len(rec["cells"]) == 1
+    assert rec["set"] == sets[1:] and len(rec["cells"]) == 1
     cell = rec["cells"][0]
-    assert cell["exact"] is True and cell["rows_chunks"] == 0 and len(cell["launches"]) == 4
+    assert cell["exact"] is True and cell.get("rows_chunks", 0) == 0 and cell["kinds"] == kinds
     assert launched == [1, 2, 3, 4]  # the call cut after its first, second, third kernel, then whole
