@@ -774,9 +774,11 @@ def _spread_select(scores, ids, k, out_ids, out_sc):
         grid=(q, blocks, 1), block=b, shared_mem=0,
         args=[scores, ids, ghist, gfill, gofs, st, wkey, wpos, p_sc, p_id, p_pos, n, k, scores.stride(0), ids.stride(0)])
     t = tile(n)
+    shape = globals().get("SHAPE")  # (combined with smem_keys: a tile's threads)
+    more = [st] if "const int* __restrict__ stat) {" in SOURCE else []  # (combined with sampled: its gate's argument)
     compile_tile(t, dev.index, "finish")(  # (the merge kernel on the in-play list; out_pos: the rows' status)
-        grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
-        args=[p_sc, p_id, p_pos, out_ids, out_sc, st, n, k, n, n, n, n, out_ids.stride(0), out_sc.stride(0), 0])
+        grid=(q, 1, 1), block=(shape[t][0] if shape else t, 1, 1), shared_mem=DYN_BYTES,
+        args=[p_sc, p_id, p_pos, out_ids, out_sc, st, n, k, n, n, n, n, out_ids.stride(0), out_sc.stride(0), 0, *more])
     compile_tile(SPREAD_THREADS, dev.index, "rank")(
         grid=(q, -(-k // SPREAD_THREADS), 1), block=b, shared_mem=0,
         args=[scores, ghist, gofs, st, wkey, wpos, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),

@@ -11,9 +11,10 @@
 #     (the first call to make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing
 #     the first variant, sampled_rows' kernels one by one, the block path's GPU tests on sampled; no profile, so
 #     the A/B may take 380 s)
-#   VARIANTS=spread CELLS=16384x1,16384x2,16384x4,8192x1,4096x1,2048x4 PROFILE= PATHS=staged FUZZ=60 TESTS_ON=spread \
-#     PHASES_OF=spread PHASES_CELLS=16384x1,16384x4,4096x1 bash bench/block_variants_gpu.sh   (the spread path at 1-4
-#     rows against the Triton staged path, its kernels one by one; about 4 minutes)
+#   VARIANTS="spread scan+digits11+smem_keys+rank_keys+sampled_rows+spread" CELLS=few PROFILE= PATHS=staged FUZZ=60 \
+#     TESTS_ON=spread PHASES_OF=spread PHASES_CELLS=16384x1,16384x4,4096x1 bash bench/block_variants_gpu.sh   (the
+#     spread path at 1-4 rows, alone and with everything else, against the Triton staged path; its kernels one by
+#     one; about 4 minutes)
 # Before a call: every variant passes the CPU runner's tests
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
 set -u
@@ -30,7 +31,10 @@ CELLS=${CELLS:-16384x64,16384x1024,16384x4096,32768x1024}
 LONG=20000x1024,32768x1024,32768x64,65536x64,65536x1024,131072x8,131072x64,131072x256,32768x1,131072x1,65536x4
 LONG=$LONG,16384x1024,16384x4096
 # the variant whose phases are profiled (clock stamps at the phase boundaries; empty: none), and where
+# the spread path's cells (bench/block_variants.py: spread): 1-4 rows of one block, the staged path's shapes
+FEW=16384x1,16384x2,16384x4,8192x1,4096x1,2048x4
 [ "$CELLS" = long ] && CELLS=$LONG
+[ "$CELLS" = few ] && CELLS=$FEW
 PROFILE=${PROFILE-scan+digits11+smem_keys+rank_keys}
 PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
 {
