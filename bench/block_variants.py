@@ -314,12 +314,10 @@ typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define SAMPLES 2048
 
+''' + ORDER_KEY + r'''
 // the packed key (score key above inverted id, as SOURCE's winners); 0: invalid (id < 0)
 __device__ __forceinline__ u64 packed_key(int bits, int id) {
-  if (id < 0) return 0;
-  int s = bits >= 0 ? bits : (bits ^ 0x7FFFFFFF);
-  if ((bits & 0x7FFFFFFF) > 0x7F800000) s = (int)0x80000001;
-  return ((u64)((u32)s ^ 0x80000000u) << 31) | (u64)(0x7FFFFFFFu - (u32)id);
+  return id < 0 ? 0 : ((u64)order_key(bits, id) << 31) | (u64)(0x7FFFFFFFu - (u32)id);
 }
 '''
 SAMPLED_SOURCES = {"sample": _SAMPLED_HEAD + r'''
@@ -572,13 +570,7 @@ typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define NBIN 4096  // the 12-bit prefix of the score key
 #define ST 8  // a row's status: in-play count, wanted from it, winners above the cutoff bin, selected
-
-__device__ __forceinline__ u32 order_key(int bits, int id) {  // as SOURCE's (0: invalid)
-  int s = bits >= 0 ? bits : (bits ^ 0x7FFFFFFF);
-  if ((bits & 0x7FFFFFFF) > 0x7F800000) s = (int)0x80000001;
-  if (id < 0) s = (int)0x80000000;
-  return (u32)s ^ 0x80000000u;
-}
+""" + ORDER_KEY + r"""
 
 // the exclusive sum over the block of v (one value a thread), and the block's total
 __device__ __forceinline__ int block_scan(int v, int* wsum, int& total) {

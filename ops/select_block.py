@@ -88,6 +88,16 @@ MAX_K = 2048
 DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4  # the second level's key ranges and sub-bucket sizes
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
+# the unsigned order key of a score, in CUDA (after the typedef of u32): SOURCE's, and bench variants' kernels'
+ORDER_KEY = r"""// the unsigned order key of a score: larger comes first; invalid 0, NaN 1, -inf 0x007fffff
+__device__ __forceinline__ u32 order_key(int bits, int id) {
+  int s = bits >= 0 ? bits : (bits ^ 0x7FFFFFFF);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) s = (int)0x80000001;
+  if (id < 0) s = (int)0x80000000;
+  return (u32)s ^ 0x80000000u;
+}
+"""
+
 SOURCE = r"""
 // THREADS, ITEMS, KMAX, and MODE of the bits POS_IN and UNORDERED: defined before this text (source(threads, kind))
 #if !defined(MODE) || !defined(POS_IN) || !defined(UNORDERED)
@@ -117,14 +127,7 @@ struct Smem {
 // dynamic shared memory (the module's DYN_BYTES): the second level's key ranges (max, min) at each
 // bucket's output offset, and its sub-bucket sizes, then offsets
 
-// the unsigned order key of a score: larger comes first; invalid 0, NaN 1, -inf 0x007fffff
-__device__ __forceinline__ u32 order_key(int bits, int id) {
-  int s = bits >= 0 ? bits : (bits ^ 0x7FFFFFFF);
-  if ((bits & 0x7FFFFFFF) > 0x7F800000) s = (int)0x80000001;
-  if (id < 0) s = (int)0x80000000;
-  return (u32)s ^ 0x80000000u;
-}
-
+""" + ORDER_KEY + r"""
 // The need-th largest key among the candidates in play (play: a bit a slot; 1 <= need <= their
 // count, total). Stops at the first digit whose bin holds exactly the candidates still wanted.
 // Returns: T (the key's bits from shift sh up), sh, above (in play with key >> sh > T >> sh),
