@@ -256,6 +256,43 @@ _RANK_KEYS = [
 """),
 ]
 
+# a block scan in CUDA for the kernels of the sampled and spread variants: the Python text that defines
+# BLOCK_SCAN in a variant's module (either variant's edits carry it)
+_BLOCK_SCAN_DEF = '''
+BLOCK_SCAN = r"""
+// the exclusive sum over a block of T threads of v (one value a thread), and the block's total
+// (wsum: T / 32 + 1 ints of shared memory, free again on return)
+template <int T>
+__device__ __forceinline__ int block_scan(int v, int* wsum, int& total) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  if (tid < 32) {
+    const int w = tid < T / 32 ? wsum[tid] : 0;
+    int wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(FULL, wi, o);
+      if (tid >= o) wi += y;
+    }
+    if (tid < T / 32) wsum[tid] = wi - w;
+    if (tid == 31) wsum[T / 32] = wi;
+  }
+  __syncthreads();
+  total = wsum[T / 32];
+  const int ex = wsum[warp] + incl - v;
+  __syncthreads();
+  return ex;
+}
+"""
+'''
+
 # rows in chunks (beyond 16384, or a shorter chunk): a sampled keep instead of a whole selection a
 # chunk. Kernel "sample" (a block a row) sorts an even sample of the row's packed keys (2048, or
 # the row) and takes as the cutoff the key that should leave about 2 k of the row at or above it;
@@ -305,7 +342,7 @@ SAMPLED_TARGET, SAMPLED_WIDTH = 2.0, 4.0  # x k: what the sample aims to keep a 
   }
 #endif
 """),
-    ("_KERNELS: dict = {}  # (device index, threads, kind)", "_KERNELS: dict = {}", """\
+    ("_KERNELS: dict = {}  # (device index, threads, kind)", "_KERNELS: dict = {}", _BLOCK_SCAN_DEF + """\
 _SAMPLED_HEAD = r'''
 // the sampled keep (kinds sample and keep): blocks of their own sizes (SB; KB x KI: source(...) defines them)
 typedef unsigned int u32;
@@ -319,7 +356,7 @@ typedef unsigned long long u64;
 __device__ __forceinline__ u64 packed_key(int bits, int id) {
   return id < 0 ? 0 : ((u64)order_key(bits, id) << 31) | (u64)(0x7FFFFFFFu - (u32)id);
 }
-'''
+''' + BLOCK_SCAN
 SAMPLED_SOURCES = {"sample": _SAMPLED_HEAD + r'''
 // a block a row: the packed keys of S = min(N, SAMPLES) evenly spaced candidates, sorted (bitonic,
 // descending); the cutoff is the r-th, r = ceil(target S / N): about target of the row at or above
@@ -368,9 +405,9 @@ extern "C" __global__ void __launch_bounds__(KB)
 tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const u64* __restrict__ cut,
                     int* __restrict__ stat, int* __restrict__ w_ids, float* __restrict__ w_sc,
                     int* __restrict__ w_pos, int N, int cap, int K, int s_sq, int s_iq, int s_w) {
-  __shared__ int wsum[KB / 32];
-  __shared__ int wnv[KB / 32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ int wsum[KB / 32 + 1];
+  __shared__ int first;  // the block's first slot in the workspace row
+  const int tid = threadIdx.x;
   const i64 row = blockIdx.x;
   const int base = blockIdx.y * (KB * KI);
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
@@ -389,38 +426,15 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
       if (packed_key(bits[t], id[t]) >= c) keep |= 1u << t;
     }
   }
-  const int cnt = __popc(keep);
-  int incl = cnt;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(FULL, incl, o);
-    if (lane >= o) incl += y;
-  }
-  nv = __reduce_add_sync(FULL, nv);
-  if (lane == 31) wsum[warp] = incl;
-  if (lane == 0) wnv[warp] = nv;
-  __syncthreads();
-  if (tid < 32) {  // the warps' first slots; the block's from one atomic on the row's count
-    const int w = tid < KB / 32 ? wsum[tid] : 0;
-    int v = tid < KB / 32 ? wnv[tid] : 0;
-    int wi = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(FULL, wi, o);
-      if (tid >= o) wi += y;
-    }
-    v = __reduce_add_sync(FULL, v);
-    const int total = __shfl_sync(FULL, wi, 31);
-    int b = 0;
-    if (tid == 0) {
-      b = atomicAdd(stat + row * 4, total);
-      atomicAdd(stat + row * 4 + 1, v);
-    }
-    b = __shfl_sync(FULL, b, 0);
-    if (tid < KB / 32) wsum[tid] = b + wi - w;
+  int nkept, nvalid;
+  int slot = block_scan<KB>(__popc(keep), wsum, nkept);
+  block_scan<KB>(nv, wsum, nvalid);
+  if (tid == 0) {  // the block's slots: one atomic on the row's count
+    first = atomicAdd(stat + row * 4, nkept);
+    atomicAdd(stat + row * 4 + 1, nvalid);
   }
   __syncthreads();
-  int slot = wsum[warp] + incl - cnt;
+  slot += first;
 #pragma unroll
   for (int t = 0; t < KI; ++t) {
     if ((keep >> t) & 1u) {
@@ -550,7 +564,7 @@ def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None) -> tuple[tu
   int* orow = out_ids + row * s_oi + spread_nab;
   int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os + spread_nab;
 """),
-    ("def compile_tile(", "def compile_tile(", '''\
+    ("def compile_tile(", "def compile_tile(", _BLOCK_SCAN_DEF + '''\
 _source_one_path = source
 
 
@@ -572,34 +586,7 @@ typedef unsigned long long u64;
 #define ST 8  // a row's status: in-play count, wanted from it, winners above the cutoff bin, selected
 """ + ORDER_KEY + r"""
 
-// the exclusive sum over the block of v (one value a thread), and the block's total
-__device__ __forceinline__ int block_scan(int v, int* wsum, int& total) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(FULL, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) wsum[warp] = incl;
-  __syncthreads();
-  if (tid < 32) {
-    const int w = tid < SPB / 32 ? wsum[tid] : 0;
-    int wi = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(FULL, wi, o);
-      if (tid >= o) wi += y;
-    }
-    if (tid < SPB / 32) wsum[tid] = wi - w;
-    if (tid == 31) wsum[SPB / 32] = wi;
-  }
-  __syncthreads();
-  total = wsum[SPB / 32];
-  const int ex = wsum[warp] + incl - v;
-  __syncthreads();  // (wsum is free again)
-  return ex;
-}
+""" + BLOCK_SCAN + r"""
 
 """
 SPREAD_SOURCES = {"hist": _SPREAD_HEAD + r"""
@@ -658,7 +645,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
     cut[1] = 0;
   }
   int valid;
-  int acc = block_scan(sum, wsum, valid);  // candidates in the bins above this thread's first
+  int acc = block_scan<SPB>(sum, wsum, valid);  // candidates in the bins above this thread's first
   const int nsel = min(K, valid);
 #pragma unroll
   for (int j = 0; j < BPT; ++j) {
@@ -699,7 +686,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
     }
   }
   int total;
-  int slot = block_scan(__popc(play), wsum, total);
+  int slot = block_scan<SPB>(__popc(play), wsum, total);
   if (tid == 0) cut[2] = total ? atomicAdd(st + row * ST + 0, total) : 0;
   __syncthreads();
   slot += cut[2];
