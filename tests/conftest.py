@@ -18,10 +18,8 @@ def pytest_configure(config):
         import sys
 
         import tpflare.ops
+        from block_on_cpu import load_module  # (tests/, on the path as conftest's folder)
         from tpflare.ops import select_kernel
-
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from block_on_cpu import load_module
 
         variant = load_module(path)
         sys.modules["tpflare.ops.select_block"] = variant
