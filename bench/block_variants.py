@@ -315,11 +315,18 @@ KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNOR
 SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 1024, 256, 16  # the sample's and the keep's blocks
 KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
 SAMPLED_TARGET, SAMPLED_WIDTH = 2.0, 4.0  # x k: what the sample aims to keep a row; the workspace row (the merge's most)
+
+
+def sampled_sizes(chunks: int, kc: int, k: int) -> tuple[int, int]:
+    # the sampled keep's workspace row (the kept candidates, or the chunks' winners where the keep
+    # may miss one), and what the sample aims to keep a row
+    w = max(chunks * kc, min(TILE_N, int(SAMPLED_WIDTH * k)))
+    return w, max(1, min(int(SAMPLED_TARGET * k), 3 * w // 4))
 """),
     ('return (("row", tile(n)),) if chunks == 1', 'return (("row", tile(n)),) if chunks == 1', """\
     if chunks == 1:
         return (("row", tile(n)),)
-    w = max(chunks * kc, min(TILE_N, int(SAMPLED_WIDTH * k)))  # block_select's workspace row
+    w = sampled_sizes(chunks, kc, k)[0]  # block_select's workspace row
     return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), ("chunks_gated", tile(chunk)), ("merge_gated", tile(w)))
 """),
     ('f"#define POS_IN {_POS_IN}', "+ SOURCE)", """\
@@ -466,8 +473,7 @@ _KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
 """),
     ("m = chunks * kc  # the merge's candidates a row", "return out_ids, out_sc", """\
     m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
-    w = max(m, min(TILE_N, int(SAMPLED_WIDTH * k)))  # a workspace row: the kept candidates, or the chunks' winners
-    target = max(1, min(int(SAMPLED_TARGET * k), 3 * w // 4))  # what the sample aims to keep a row
+    w, target = sampled_sizes(chunks, kc, k)
     w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
     w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)
     w_pos = torch.empty((q, w), dtype=torch.int32, device=dev)
