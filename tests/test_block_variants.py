@@ -1,6 +1,7 @@
-"""bench/block_variants.py: every variant (and every combination the GPU call times) still applies
-to the shipped module, and the combination of all three kinds of edit runs exactly on the CPU
-(the whole CPU suite runs on any variant with ``--block-module``)."""
+"""bench/block_variants.py: every variant (and every combination the GPU calls time) still applies
+to the shipped module; on the CPU, the combinations run exactly, a slip planted in a variant's own
+code fails, the sampled keep leaves each row the status its rule gives, and the spread path is
+exact (the whole CPU suite runs on any variant with ``--block-module``)."""
 from __future__ import annotations
 
 import os
