@@ -141,6 +141,13 @@ def time_eager(fn, sets, iters: int, warmup: int = 5) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
+def write_record(path: str, rec: dict) -> None:
+    """A benchmark's JSON record, replaced whole (a run cut short leaves the last complete one)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(rec, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def time_graph(fn, sets, reps: int, replays: int) -> float:
     for args in sets:
         fn(*args)

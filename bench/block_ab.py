@@ -17,7 +17,6 @@ Figures: docs/benchmarks_select_kernel.md, session 22 (the tie levels narrowed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -28,7 +27,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from bench_select_kernel import make_inputs, time_graph  # noqa: E402
+from bench_select_kernel import make_inputs, time_graph, write_record  # noqa: E402
 import fuzz_select  # noqa: E402  (its generator, mismatch and the tests' ref_packed)
 from block_on_cpu import load_module  # noqa: E402  (tests/: a copy of the module from a file)
 
@@ -93,19 +92,13 @@ def main(argv=None) -> int:
             exact_all = " ".join(str(cell[name + "_exact"]) for name in list(olds) + ["new"])
             print(f"{pat:6s} {q:5d} x {n:6d}  {times} us  exact {exact_all}", flush=True)
             rec["cells"].append(cell)
-            _write(a.out, rec)  # (after each cell: a run cut short keeps what it timed)
+            write_record(a.out, rec)  # (after each cell: a run cut short keeps what it timed)
     if a.fuzz_seconds:
         rec["fuzz"] = fuzz(a.fuzz_seconds, a.seed, olds[next(iter(olds))] if a.fuzz_old else new)
         rec["fuzzed"] = a.old[0] if a.fuzz_old else "new"
         print("fuzz:", {k: v for k, v in rec["fuzz"].items() if k != "first"}, flush=True)
-    _write(a.out, rec)
+    write_record(a.out, rec)
     return 0
-
-
-def _write(path: str, rec: dict) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(rec, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ rows of one block take the sampled keep from one row, to weigh the chain against
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -24,7 +23,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from bench_select_kernel import make_inputs, time_graph  # noqa: E402
+from bench_select_kernel import make_inputs, time_graph, write_record  # noqa: E402
 import fuzz_select  # noqa: E402  (mismatch, and the tests' ref_packed)
 from block_on_cpu import load_module  # noqa: E402
 
@@ -92,8 +91,7 @@ def main(argv=None) -> int:
             extra = f"  chunks served {cell['rows_chunks']} of {2 * q} rows" if counts else ""
             print(f"{pat:6s} {q:5d} x {n:6d}  {parts}  total {ms[-1] * 1e3:7.1f} us  exact {exact}{extra}", flush=True)
             rec["cells"].append(cell)
-            with open(a.out, "w") as f:
-                json.dump(rec, f, indent=1)
+            write_record(a.out, rec)
     return 0
 
 

@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     mod = load_module(a.module) if a.module else select_block
     run = BlockOnCpu(mod)
-    if hasattr(mod, "STATS"):
+    counts = hasattr(mod, "STATS")  # (a sampled variant: each chunked call's rows' status)
+    if counts:
         mod.STATS = []
     rng = random.Random(a.seed)
     t0 = time.time()
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
                 torch.save(dict(scores=scores, ids=ids, **case), os.path.join(a.save, f"case{len(bad)}.pt"))
     summary = dict(module=a.module or "ops/select_block.py", seconds=round(time.time() - t0, 1), seed=a.seed,
                    cases=cases, chunked=chunked, mismatches=len(bad), first=bad[:5])
-    if getattr(mod, "STATS", None) is not None:
+    if counts:
         status = torch.cat([st[:, 3] for st in mod.STATS]) if mod.STATS else torch.zeros(0)
         summary.update(rows_kept=int((status >= 0).sum()), rows_chunks=int((status < 0).sum()))
     print(json.dumps({k: v for k, v in summary.items() if k != "first"}), flush=True)
