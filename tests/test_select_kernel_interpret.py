@@ -28,10 +28,12 @@ import sys
 
 import pytest
 
-SUBSET = ("small or clustered or order_buckets or final_orderings or digit_widths or no_candidates or rejects"
+# digit widths: each width on one path here (all six cases on the GPU), 24 s of CI's CPU saved
+SUBSET = ("small or clustered or order_buckets or final_orderings or no_candidates or rejects"
+          " or (digit_widths and not 3-registers and not 7-registers and not 8-chunked)"
           " or references or rank_play or narrowing or mass_tie or refine_every_bin or refine_threshold or sampled"
           " or smallest_cut or tie_cut or fuzz")
-MIN_TESTS = 483  # the subset's size today: fewer passing means tests went missing
+MIN_TESTS = 480  # the subset's size today: fewer passing means tests went missing
 
 
 @pytest.mark.timeout(1200)
