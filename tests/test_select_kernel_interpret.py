@@ -16,7 +16,8 @@ against 330 serially on CI's two cores (measured then); 272 s on a slower shared
 (2026-12-02, 446 tests); 388-398 s on such a box on 2026-12-03 (458 tests), so the staged cases,
 whose programs the interpreter runs one after another, take fewer rows or shorter rows here
 than on the GPU: 302-320 s after that (451 tests), a box whose times vary by a fifth; 352 s in a
-whole-suite run of 842 s on a later day (456 tests).
+whole-suite run of 842 s on a later day (456 tests); 368 s alone on 2026-12-05 (483 tests), after
+which each digit width runs on one path here (480 tests).
 """
 from __future__ import annotations
 
