@@ -4,6 +4,7 @@ code fails, the sampled keep leaves each row the status its rule gives, and the 
 exact (the whole CPU suite runs on any variant with ``--block-module``)."""
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -40,6 +41,22 @@ def test_every_variant_applies_to_the_shipped_module():
         assert text != shipped, name
     with pytest.raises(KeyError, match="no variant 'nope'"):
         block_variants.module_text("scan+nope")
+
+
+def test_dynamic_shared_memory_past_48_kib_is_configured_through_torch(tmp_path):
+    """torch's kernel launcher refuses more than 48 KiB of dynamic shared memory unless the
+    kernel's ``set_shared_memory_config`` was called (an H200 run of session 27 stopped there):
+    every variant past 48 KiB makes that call with its own size, and the shipped module stays
+    below it. (A text check: the CPU runner compiles nothing, so only a GPU runs the call.)"""
+    shipped = load_module(block_variants.SHIPPED)
+    assert shipped.DYN_BYTES < 48 * 1024
+    past = []
+    for name in sorted(set(block_variants.VARIANTS) | set(_gpu_call_variants())):
+        mod = load_module(block_variants.write(name, str(tmp_path)))
+        if mod.DYN_BYTES >= 48 * 1024:
+            past.append(name)
+            assert "kern.set_shared_memory_config(DYN_BYTES)" in inspect.getsource(mod.compile_tile), name
+    assert "smem_keys" in past and "scan+digits11+smem_keys+rank_keys+sampled_rows" in past
 
 
 def test_an_edit_whose_text_moved_raises(tmp_path):
