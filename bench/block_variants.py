@@ -127,9 +127,8 @@ SHAPE = {256: (256, 16), 512: (512, 16), 1024: (512, 32)}  # a tile's threads, a
         grid=(q, 1, 1), block=(SHAPE[t2][0], 1, 1), shared_mem=DYN_BYTES,
 """),
     # 64 KB is past 48: torch's launcher refuses it unless the kernel's own record says so (H200, session 27)
-    ("rc = _driver_library()().cuFuncSetAttribute(", "DYN_BYTES)", """\
+    ("rc = _driver_library()().cuFuncSetAttribute(", "CUDA error {rc}", """\
                     kern.set_shared_memory_config(DYN_BYTES)  # (sets the attribute, and torch's record of it)
-                    rc = 0
 """),
     ("__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS]", "radix_select(const u32 (&key)", """\
 // a thread's candidate slots as a function of the slot (read like a register array: s[t])

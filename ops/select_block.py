@@ -58,7 +58,8 @@ why, turns the block path off for the process, and the Triton row kernel takes i
 No host synchronisation; capturable in a CUDA graph after a first, compiling call outside
 capture (as the Triton kernels). Shared memory: 42 KB static and ``DYN_BYTES`` dynamic a block
 (the ordering's; the chunks kind launches without), which needs the function's opt-in beyond 48
-KB (``cuFuncSetAttribute``, set at compile). A long row's workspace: 12 bytes a slot, ``Q x
+KB (``cuFuncSetAttribute``, set at compile; torch's ``set_shared_memory_config`` calls the driver only
+for more than 48 KB of dynamic memory alone, so it does not serve here). A long row's workspace: 12 bytes a slot, ``Q x
 chunks x kc`` slots (50 MB at 1024 rows of 32768, k = 2048), from torch's allocator.
 
 Tests: this source, as NVRTC gets it, runs on the CPU in CI (tests/test_select_block_cpu.py,
