@@ -12,11 +12,16 @@ row,staged`` adds a column for each Triton path named (``triton_ordered_select(p
 row kernel, which the dispatcher picks at 9 rows and more beyond 32768 candidates; the staged
 path, at 1-4 rows, timed up to 8 rows only), timed only.
 
+A column that raises (a launch the runtime refuses, a kernel that does not compile) is recorded in
+its cell as ``<column>_error`` and the run goes on to the other columns and cells; the exit status
+is 1 where any column raised, any module was not exact or the fuzz found a mismatch.
+
 Figures: docs/benchmarks_select_kernel.md, session 22 (the tie levels narrowed).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -39,6 +44,24 @@ CELLS = [(16384, 64), (16384, 1024), (16384, 4096), (8192, 1024), (4096, 1024)]
 
 def exact(mod, sets, k) -> bool:
     return all(fuzz_select.mismatch(mod.block_select(s, i, k), fuzz_select.ref_packed(s, i, k)) is None for s, i in sets)
+
+
+@contextlib.contextmanager
+def column(cell: dict, name: str):
+    """A column's error (a launch the runtime refuses, a compile that fails) goes into the cell as
+    ``<name>_error`` and the other columns go on; yields a list that is truthy while it ran clean."""
+    ok = [True]
+    try:
+        yield ok
+    except Exception as e:  # noqa: BLE001 (any error of one column: recorded, not fatal to the run)
+        ok.clear()
+        cell[name + "_error"] = f"{type(e).__name__}: {e}"[:2000]
+        print(f"  {name} ({cell['pattern']} {cell['q']} x {cell['n']}): {cell[name + '_error'][:300]}", flush=True)
+        if torch.cuda.is_available():
+            try:  # a sticky CUDA error poisons every later launch: say so once, here
+                torch.cuda.synchronize()
+            except Exception as sticky:  # noqa: BLE001
+                cell[name + "_error"] += f" (then synchronize: {type(sticky).__name__}: {sticky})"[:500]
 
 
 def fuzz(seconds: float, seed: int, mod=new) -> dict:
@@ -73,32 +96,41 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     olds = {("old" if len(a.old) == 1 else os.path.splitext(os.path.basename(p))[0]): load_module(p) for p in a.old}
     rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, old=a.old, cells=[])
+    failed = False
     for n, q in [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",")]:
         for pat in a.patterns.split(","):
             sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
             cell = dict(n=n, q=q, pattern=pat)
             for name, mod in list(olds.items()) + [("new", new)]:
-                cell[name + "_exact"] = exact(mod, sets, a.k)
-                cell[name] = time_graph(lambda s, i, m=mod: m.block_select(s, i, a.k), sets, 20, 10)
-            cell["topk"] = time_graph(lambda s, i: torch.topk(s, a.k, dim=1), sets, 20, 10)
+                with column(cell, name) as ok:
+                    cell[name + "_exact"] = exact(mod, sets, a.k)
+                    cell[name] = time_graph(lambda s, i, m=mod: m.block_select(s, i, a.k), sets, 20, 10)
+                failed |= not ok
+            with column(cell, "topk"):
+                cell["topk"] = time_graph(lambda s, i: torch.topk(s, a.k, dim=1), sets, 20, 10)
             base = ["topk"]
             for path in filter(None, a.paths.split(",")):
                 if path == "staged" and q > 8:  # (a path for a few rows: the dispatcher's up to 4)
                     continue
-                cell[path] = time_graph(lambda s, i, p=path: select_kernel.triton_ordered_select(s, i, a.k, path=p),
-                                        sets, 20, 10)
+                with column(cell, path) as ok:
+                    cell[path] = time_graph(lambda s, i, p=path: select_kernel.triton_ordered_select(s, i, a.k, path=p),
+                                            sets, 20, 10)
+                failed |= not ok
                 base.append(path)
-            times = "  ".join(f"{name} {cell[name] * 1e3:8.1f}" for name in list(olds) + ["new"] + base if name in cell)
-            exact_all = " ".join(str(cell[name + "_exact"]) for name in list(olds) + ["new"])
+            times = "  ".join(f"{name} {cell[name] * 1e3:8.1f}" if name in cell else f"{name} {'error':>8s}"
+                              for name in list(olds) + ["new"] + base)
+            exact_all = " ".join(str(cell.get(name + "_exact", "error")) for name in list(olds) + ["new"])
             print(f"{pat:6s} {q:5d} x {n:6d}  {times} us  exact {exact_all}", flush=True)
+            failed |= not all(cell.get(name + "_exact") for name in list(olds) + ["new"])
             rec["cells"].append(cell)
             write_record(a.out, rec)  # (after each cell: a run cut short keeps what it timed)
     if a.fuzz_seconds:
         rec["fuzz"] = fuzz(a.fuzz_seconds, a.seed, olds[next(iter(olds))] if a.fuzz_old else new)
         rec["fuzzed"] = a.old[0] if a.fuzz_old else "new"
         print("fuzz:", {k: v for k, v in rec["fuzz"].items() if k != "first"}, flush=True)
+        failed |= rec["fuzz"]["mismatches"] > 0
     write_record(a.out, rec)
-    return 0
+    return 1 if failed else 0  # (a module's error, a mismatch: the record says which)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,32 @@ def test_block_ab_times_every_column_and_checks_every_module(tmp_path, monkeypat
         assert {"old", "new", "topk", "row"} <= set(c) and ("staged" in c) == (c["q"] <= 8)
 
 
+def test_block_ab_records_a_column_that_raises_and_goes_on(tmp_path, monkeypatch):
+    """A variant whose launch the runtime refuses (session 27: 64 KiB of dynamic shared memory)
+    costs its own column, not the run: the error is in the cell, the shipped kernel and topk are
+    timed in every cell, and the exit status says a column failed."""
+    _on_cpu(monkeypatch, block_ab)
+    monkeypatch.setattr(block_ab.new, "compile_tile", BlockOnCpu(block_ab.new).compile_tile)
+    load = block_ab.load_module
+
+    def refused(path):
+        mod = load(path)
+
+        def compile_tile(threads, device, kind="row"):
+            raise RuntimeError(f"too many resources requested for launch ({kind}, {threads} threads)")
+        mod.compile_tile = compile_tile
+        return mod
+    monkeypatch.setattr(block_ab, "load_module", refused)
+    out = tmp_path / "ab.json"
+    assert block_ab.main(["--old", block_variants.write("scan", str(tmp_path)), "--cells", "300x3,500x2",
+                          "--k", "40", "--patterns", "random", "--fuzz-seconds", "0", "--out", str(out)]) == 1
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["n"], c["q"]) for c in cells] == [(300, 3), (500, 2)]
+    for c in cells:
+        assert "too many resources" in c["old_error"] and "old" not in c and "old_exact" not in c
+        assert c["new_exact"] is True and {"new", "topk"} <= set(c) and "new_error" not in c
+
+
 @pytest.mark.parametrize("variant,sets,kinds", [
     ("sampled_rows", ["--set", "SAMPLED_ROWS=1"], ["sample", "keep", "chunks_gated", "merge_gated"]),
     ("spread", [], ["hist", "compact", "finish", "rank"])])
