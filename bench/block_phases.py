@@ -45,7 +45,8 @@ STAMPS = [
     ("ord:buckets", ("  int big = scan2048(sm.off, sm);", "  int big = scan2048(sm.hm, sm);"), "before"),
     ("ord:scan", ("  int* offs = sm.off;\n", "  int* offs = sm.hm;\n"), "before"),
     ("ord:level2", tuple("#pragma unroll\n  for (int w = 0; w < WPER; ++w) {\n    int i = w * THREADS + tid;\n"
-                         f"    if (i < nsel) {m}" for m in ("sm.mem[offs", "sm.hm[NB + offs")), "before"),
+                         f"    if (i < nsel) {m}" for m in ("sm.mem[offs", "sm.hm[NB + offs", "{\n      sm.mem[offs")),
+     "before"),  # (the last: rank_keys, bench/block_variants.py)
     ("ord:members", "  int rank[WPER];\n", "before"),
     ("ord:rank", "  __syncthreads();  // (the member list's space takes the output order)", "before"),
     ("ordered", "  int* orow = out_ids + row * s_oi;\n  int* osrow", "before"),

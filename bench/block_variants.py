@@ -781,10 +781,134 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
         r"\1    if chunks == 1 and q <= SPREAD_ROWS:\n        return _spread_select(scores, ids, k, out_ids, out_sc)\n\2", 1),
 ]
 
+# rows of one block, the 1024 tile (PREFETCH_TILES): a block an SM for several rows, each row's
+# candidates copied to shared memory (cp.async, after the ordering's dynamic memory: 128 KB, 210 KB a
+# block in all) while the block selects the row before it. Session 24's profile: a 1024 x 16384 block
+# spends 9,000 of 45,000 cycles loading its row, the same at 64 rows as at 1024 (latency, not
+# bandwidth), and only one block an SM fits, so nothing hides it; here every row's load but the
+# first overlaps the previous row's selection. The registers come from shared memory, so the
+# load no longer holds 32 loads in flight a thread under the 64-register cap.
+_PREFETCH = [
+    ("#define KEY_NEGINF 0x007FFFFFu", "#define KEY_NEGINF 0x007FFFFFu", r"""#if PREFETCH
+#ifdef __CUDA_ARCH__  // (the CPU runner, tests/cuda_on_cpu.h, has its own: a copy lands between issue and wait)
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+__device__ __forceinline__ void cp_async16(void* s, const void* g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(s)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(s)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
+// row's N scores, then its ids (at THREADS x ITEMS), to buf by asynchronous copies: 16 bytes a copy
+// where both rows start 16-byte aligned, else 4
+__device__ __forceinline__ void copy_row(int* buf, const float* scores, const int* ids, i64 row, int s_sq, int s_iq,
+                                         int N) {
+  const int* s = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* d = ids + row * s_iq;
+  const int n4 = ((reinterpret_cast<u64>(s) | reinterpret_cast<u64>(d)) & 15) == 0 ? N >> 2 : 0;
+  for (int j = threadIdx.x; j < n4; j += THREADS) {
+    cp_async16(buf + 4 * j, s + 4 * j);
+    cp_async16(buf + THREADS * ITEMS + 4 * j, d + 4 * j);
+  }
+  for (int p = 4 * n4 + threadIdx.x; p < N; p += THREADS) {
+    cp_async4(buf + p, s + p);
+    cp_async4(buf + THREADS * ITEMS + p, d + p);
+  }
+}
+#endif
+
+#define KEY_NEGINF 0x007FFFFFu  // order_key of -inf (the pad's score)
+"""),
+    ("int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {",
+     "int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {",
+     "                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op, int nrows) {\n"),
+    ("  const i64 row = blockIdx.x;", "  const i64 row = blockIdx.x;", r"""#if PREFETCH  // the row after the ordering's dynamic memory: scores, then ids; the block's first row
+#define ROWBUF reinterpret_cast<int*>(reinterpret_cast<char*>(dyn) + KMAX * 20)
+  copy_row(ROWBUF, scores, ids, blockIdx.x, s_sq, s_iq, N);
+  // rows blockIdx.x, + gridDim.x, ...: the next one's copy while this one is selected (the row kind:
+  // N stays the row's)
+  for (int row = blockIdx.x; row < nrows; row += gridDim.x) {
+#else
+  {
+  const i64 row = blockIdx.x;
+#endif
+"""),
+    ("  u32 u[ITEMS];", "  u32 u[ITEMS];", """\
+#if PREFETCH
+  cp_async_wait_all();  // this thread's copies of the row; after the barrier, every thread's
+  __syncthreads();
+#endif
+  u32 u[ITEMS];
+"""),
+    ("  int id[ITEMS];", "  int id[ITEMS];", """\
+#if PREFETCH  // a candidate's id: read again from the row in shared memory, there until the winners are written
+  struct RowIds {
+    const int* at;
+    __device__ int operator[](int t) const { return at[t * THREADS + threadIdx.x]; }
+  } id{ROWBUF + THREADS * ITEMS};
+#else
+  int id[ITEMS];
+#endif
+"""),
+    ("    int b = p < N ? __ldg(srow + p) : 0;", "    if (id[t] >= 0) {", """\
+#if PREFETCH
+    const int b = p < N ? ROWBUF[p] : 0;
+    const int idt = p < N ? ROWBUF[THREADS * ITEMS + p] : -1;
+#else
+    const int b = p < N ? __ldg(srow + p) : 0;
+    const int idt = id[t] = p < N ? __ldg(irow + p) : -1;
+#endif
+    u[t] = order_key(b, idt);
+    if (idt >= 0) {
+"""),
+    ("  if (mode & UNORDERED) {  // a chunk's winners as they came", "  if (mode & UNORDERED) {  // a chunk's winners", """\
+#if PREFETCH  // the winners are in shared memory, the candidates' registers free: the next row's copy, while this one is ordered
+  if (row + (int)gridDim.x < nrows) copy_row(ROWBUF, scores, ids, row + gridDim.x, s_sq, s_iq, N);
+#endif
+  if (mode & UNORDERED) {  // a chunk's winners as they came, with their positions (a merge's input)
+"""),
+    Sub(r'(    orow\[r\] = oid;\n    osrow\[r\] = bits;\n  \}\n)\}\n"""',
+        r'\1#if PREFETCH\n  __syncthreads();  // (the next row resets the shared state)\n#endif\n  }\n}\n"""', 1),
+    ("DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4", "DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4", """\
+DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4  # the second level's key ranges and sub-bucket sizes
+PREFETCH_TILES = (1024,)  # tiles whose row kind runs a block an SM for several rows, the next row copied ahead
+PREFETCH_BLOCKS = None  # their blocks: None, the device's SMs (3 on the CPU runner, so that a block takes rows)
+
+
+def dyn_bytes(threads: int, kind: str) -> int:
+    # the ordering's dynamic shared memory, and a prefetching row kind's row (scores and ids) after it
+    return DYN_BYTES + (8 * threads * ITEMS if kind == "row" and threads in PREFETCH_TILES else 0)
+
+
+def row_blocks(q: int, threads: int, dev) -> int:
+    # the row kind's blocks: a row each, or a prefetching tile's one an SM (its shared memory holds one)
+    if threads not in PREFETCH_TILES:
+        return q
+    sms = PREFETCH_BLOCKS or (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 3)
+    return min(q, sms)
+"""),
+    ('f"#define POS_IN {_POS_IN}', '#define MODE {KINDS[kind]}', """\
+            f"#define POS_IN {_POS_IN}\\n#define UNORDERED {_UNORDERED}\\n#define MODE {KINDS[kind]}\\n"
+            f"#define PREFETCH {int(kind == 'row' and int(threads) in PREFETCH_TILES)}\\n" + SOURCE)
+"""),
+    Sub(r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n(\s+)DYN_BYTES\)",
+        r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n\1dyn_bytes(threads, kind))", 1),
+    Sub(r"\(dynamic shared memory \{DYN_BYTES\} B\)", "(dynamic shared memory {dyn_bytes(threads, kind)} B)", 1),
+    Sub(r"grid=\(q, 1, 1\), block=\(t, 1, 1\), shared_mem=DYN_BYTES,",
+        'grid=(row_blocks(q, t, dev), 1, 1), block=(t, 1, 1), shared_mem=dyn_bytes(t, "row"),', 1),
+    Sub(r"out_sc\.stride\(0\), 0\]\)", "out_sc.stride(0), 0, q])", 2),
+    Sub(r"0, m, m, m\]\)", "0, m, m, m, q])", 1),
+]
+
 VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
             "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED,
             "sampled_rows": _SAMPLED + _SAMPLED_ROWS, "sampled_rows_tight": _SAMPLED + _SAMPLED_ROWS + _TIGHT,
-            "spread": _SPREAD}
+            "spread": _SPREAD, "prefetch": _PREFETCH}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -3,6 +3,8 @@
 # every cell checked bit for bit; one variant's phases; the block path's GPU tests (TESTS_ON: on a variant). At most 9
 # minutes: its steps time out at 330 (AB_TIMEOUT) + 120 + 90 s (+ 60 with PHASES_OF), within the device tool's 600.
 #   bash bench/block_variants_gpu.sh   (results in $OUT: variants_ab.json, variant_phases.json, log.txt)
+#   TESTS_ON=scan+digits11+rank_keys+prefetch bash bench/block_variants_gpu.sh   (the first call of session 28's plan:
+#     the block path's GPU tests on the combination with the prefetch)
 #   CELLS=8192x64,8192x1024,4096x1024,24576x1024 bash bench/block_variants_gpu.sh   (a second call)
 #   VARIANTS="scan scan+match" CELLS=16384x1024 bash bench/block_variants_gpu.sh
 #   VARIANTS="sampled sampled_rows sampled_rows_tight scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= \
@@ -20,7 +22,9 @@
 set -u
 source tools/gpu_env.sh
 V=/tmp/block_variants
-VARIANTS=${VARIANTS:-"scan match digits11 rank_keys smem_keys scan+match+smem_keys scan+digits11+smem_keys+rank_keys lb2_512"}
+# (session 28: the edits not yet timed one by one, the prefetch, and their combinations; smem_keys was timed
+# in session 27, slower everywhere)
+VARIANTS=${VARIANTS:-"scan match digits11 rank_keys prefetch scan+prefetch scan+digits11+rank_keys scan+digits11+rank_keys+prefetch"}
 # the goal's cells (k = 2048): Q = 64, 1024 and 4096 at N = 16384, and rows beyond a block where mass
 # ties were slower than fp32 topk (sessions 22-23). A second call: the 512 tile at 64 and 1024 rows
 # (lb2_512 was timed at 1024 only), the 256 tile, 24576
@@ -35,7 +39,7 @@ LONG=$LONG,16384x1024,16384x4096
 FEW=16384x1,16384x2,16384x4,8192x1,4096x1,2048x4
 [ "$CELLS" = long ] && CELLS=$LONG
 [ "$CELLS" = few ] && CELLS=$FEW
-PROFILE=${PROFILE-scan+digits11+smem_keys+rank_keys}
+PROFILE=${PROFILE-scan+digits11+rank_keys}  # (bench/block_phases.py launches the row kind itself: not prefetch)
 PROFILE_CELLS=${PROFILE_CELLS:-16384x64,16384x1024}
 {
   # shellcheck disable=SC2086

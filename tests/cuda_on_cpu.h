@@ -23,7 +23,15 @@
 // (the build's -fsanitize=bounds). Not emulated: memory reached through pointers outside the
 // arrays a launch is given is not checked; warps do not run in lockstep (code that relies on
 // implicit warp-synchronous execution without __syncwarp or a *_sync function is not modelled);
-// clock64, cp.async and inline PTX do not exist.
+// clock64 and inline PTX do not exist.
+//
+// Asynchronous copies to shared memory (sm_80's cp.async; a kernel's own helpers of these names, in
+// PTX on the GPU): cp_async16 / cp_async4 (dst shared, src global, 16- or 4-byte aligned, else the
+// launch stops) and cp_async_wait_all (this thread's copies land). A copy lands at some point
+// between its issue and the thread's wait: with seed 0 at the wait (a read of another thread's copy
+// without a barrier after its wait sees the old bytes), with another seed at the issue or at the
+// wait, at random (a copy issued before every reader of the old bytes passed a barrier overwrites
+// them). A thread that ends with copies it never waited for stops the launch.
 //
 // cuda_on_cpu.py includes this before a kernel's source, in which it has replaced the
 // `__shared__` declarations by calls to static_shared / dynamic_shared below.
@@ -69,6 +77,12 @@ struct Thread {
   unsigned tid = 0;
   unsigned long long wgen = 0;  // warp functions this thread has passed
   size_t shared_calls = 0;      // static_shared calls so far (the i-th names the block's i-th array)
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t n;
+  };
+  std::vector<Copy> pending;  // asynchronous copies issued, not yet landed
 };
 
 struct WarpStep {  // a warp function in progress; two a warp, by step parity
@@ -260,6 +274,24 @@ inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)cuda_on_cpu::exchange(cuda_on_cpu::SYNCWARP, mask, 0); }
 
+// asynchronous copies global -> shared (see the top)
+inline void cp_async(void* dst, const void* src, size_t n) {
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % n)
+    cuda_on_cpu::fail("cp.async of " + std::to_string(n) + " bytes at an address not " + std::to_string(n) +
+                      "-byte aligned");
+  if (cuda_on_cpu::B->seed != 0 && (cuda_on_cpu::B->rng() & 1u))
+    std::memcpy(dst, src, n);
+  else
+    cuda_on_cpu::me().pending.push_back({dst, src, n});
+}
+inline void cp_async16(void* dst, const void* src) { cp_async(dst, src, 16); }
+inline void cp_async4(void* dst, const void* src) { cp_async(dst, src, 4); }
+inline void cp_async_wait_all() {
+  for (const auto& c : cuda_on_cpu::me().pending) std::memcpy(c.dst, c.src, c.n);
+  cuda_on_cpu::me().pending.clear();
+  cuda_on_cpu::maybe_yield();
+}
+
 // CUDA's min and max of two values of one type
 template <class T>
 inline T min(T a, T b) { return b < a ? b : a; }
@@ -270,6 +302,7 @@ namespace cuda_on_cpu {
 
 inline void fiber_entry() {
   kernel_body();
+  if (!me().pending.empty()) fail("a thread ended with asynchronous copies it never waited for (cp_async_wait_all)");
   me().state = DONE;
   yield();
 }

@@ -7,13 +7,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 
 import pytest
 import torch
 
 import cuda_on_cpu
-from block_on_cpu import BlockOnCpu
+from block_on_cpu import BlockOnCpu, load_module
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -108,3 +109,21 @@ def test_launch_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch, varia
     cell = rec["cells"][0]
     assert cell["exact"] is True and cell.get("rows_chunks", 0) == 0 and cell["kinds"] == kinds
     assert launched == [1, 2, 3, 4]  # the call cut after its first, second, third kernel, then whole
+
+
+def test_the_profiled_kernels_take_the_phase_stamps(tmp_path):
+    """bench/block_phases.py's stamps find their anchors in the shipped kernel and in the variant the
+    GPU script profiles by default, every tile (session 27's default, with rank_keys, missed one:
+    found here, not on the device)."""
+    import block_phases
+    with open(os.path.join(ROOT, "bench", "block_variants_gpu.sh")) as f:
+        profile = re.search(r"PROFILE=\$\{PROFILE-([^}]+)\}", f.read()).group(1)
+    shipped = block_phases.sb
+    try:
+        for mod in (shipped, load_module(block_variants.write(profile, str(tmp_path)))):
+            block_phases.sb = mod
+            for t in mod.TILES:
+                src = block_phases.stamped_source(t)
+                assert all(f"STAMP({i});" in src for i in range(len(block_phases.STAMPS) + 1)), (profile, t)
+    finally:
+        block_phases.sb = shipped

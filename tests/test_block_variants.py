@@ -30,9 +30,10 @@ def _gpu_call_variants() -> list[str]:
 
 
 def test_every_variant_applies_to_the_shipped_module():
-    names = list(block_variants.VARIANTS) + _gpu_call_variants()
-    assert {"scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys", "scan+digits11+smem_keys+rank_keys+sampled_rows"
-            } <= set(names)
+    calls = _gpu_call_variants()
+    assert {"scan+digits11+rank_keys+prefetch", "scan+digits11+smem_keys+rank_keys+sampled_rows"} <= set(calls)
+    # (and the combinations timed or built before, which the docs name)
+    names = list(block_variants.VARIANTS) + calls + ["scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys"]
     with open(block_variants.SHIPPED) as f:
         shipped = f.read()
     for name in names:
@@ -193,3 +194,59 @@ def test_every_path_of_the_all_nvrtc_combination_is_exact_on_the_cpu(tmp_path):
         check_equal(run(scores, ids, k, seed=2), ref_python(scores, ids, k), f"{name} q={scores.shape[0]} k={k}")
     assert {kind for _, kind in run.launched} == {"hist", "compact", "finish", "rank", "sample", "keep", "chunks_gated",
                                                   "merge_gated"}
+
+
+def _prefetch_module(tmp_path, text=None):
+    """Variant ``prefetch`` with every tile prefetching and 2 blocks a launch, so that a block
+    selects several rows and the small tiles run the loop too (on a GPU: the 1024 tile, a block
+    an SM)."""
+    path = tmp_path / "prefetch_x.py"
+    path.write_text(text if text is not None else block_variants.module_text("prefetch"))
+    mod = load_module(str(path))
+    mod.PREFETCH_TILES, mod.PREFETCH_BLOCKS = tuple(mod.TILES), 2
+    return mod
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_prefetch_is_exact_on_the_cpu(tmp_path):
+    """Variant ``prefetch``: a block for several rows, the next row's candidates copied to shared
+    memory while it selects this one. Rows that start 16-byte aligned (16-byte copies) and rows
+    that do not (4-byte copies: N not a multiple of 4, a view one column in), against the plain
+    Python sort, under two schedules (the copies land at the wait, or at random at the issue)."""
+    mod = _prefetch_module(tmp_path)
+    assert mod.row_blocks(3, 1024, torch.device("cpu")) == 2 and mod.row_blocks(1, 256, torch.device("cpu")) == 1
+    run = BlockOnCpu(mod)
+    wide = make_case("nandups", 3, 8200, 1000, seed=1)  # the 1024 tile
+    view = make_case("ties", 3, 5001, 2048, seed=2)  # the 512 tile, rows one column in
+    cases = [(wide, 1000, 0), (wide, 1000, 5), ((view[0][:, 1:], view[1][:, 1:]), 2048, 3),
+             (make_case("special", 4, 3001, 700, seed=3), 700, 2), (make_case("padding", 1, 700, 300, seed=4), 300, 1)]
+    for (scores, ids), k, seed in cases:
+        check_equal(run(scores, ids, k, seed=seed), ref_python(scores, ids, k), f"prefetch {tuple(scores.shape)} k={k}")
+    assert {kind for _, kind in run.launched} == {"row"}
+    assert mod.dyn_bytes(1024, "row") == mod.DYN_BYTES + 8 * 16384 and mod.dyn_bytes(1024, "merge") == mod.DYN_BYTES
+
+
+# slips in the prefetch's order: no barrier between the wait and reading other threads' copies; the
+# next row's copy issued before this row's candidates are read
+PREFETCH_SLIPS = {
+    "no barrier after the wait": ("  cp_async_wait_all();  // this thread's copies of the row; after the barrier, every thread's\n"
+                                  "  __syncthreads();\n", "  cp_async_wait_all();\n"),
+    "next copy before the reads": (
+        "  cp_async_wait_all();  // this thread's copies of the row; after the barrier, every thread's\n"
+        "  __syncthreads();\n",
+        "  cp_async_wait_all();\n  __syncthreads();\n"
+        "  if (row + (int)gridDim.x < nrows) copy_row(ROWBUF, scores, ids, row + gridDim.x, s_sq, s_iq, N);\n"),
+}
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+@pytest.mark.parametrize("slip", list(PREFETCH_SLIPS))
+def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
+    good, bad = PREFETCH_SLIPS[slip]
+    text = block_variants.module_text("prefetch")
+    assert text.count(good) == 1
+    run = BlockOnCpu(_prefetch_module(tmp_path, text.replace(good, bad)))
+    scores, ids = make_case("random", 3, 3000, 700, seed=8)
+    with pytest.raises((AssertionError, RuntimeError)):
+        for seed in (0, 4):
+            check_equal(run(scores, ids, 700, seed=seed), ref_python(scores, ids, 700), f"prefetch slip {slip}")

@@ -176,3 +176,40 @@ def test_launch_checks():
         cuda_on_cpu.build('extern "C" __global__ void f(float x) {}', "f")
     with pytest.raises(RuntimeError, match="failed"):
         cuda_on_cpu.build('extern "C" __global__ void g(int x) { undefined_thing(); }', "g")
+
+
+COPIES = r"""
+// asynchronous copies to shared memory: thread t copies words [4t, 4t + 4) (16 bytes, or 4 a copy);
+// each thread then reads a word another thread copied. what: 0 wait and barrier; 1 no barrier after
+// the wait; 2 no wait at all; 3 a 16-byte copy one word off its alignment
+extern "C" __global__ void copies(const int* x, int* out, int what) {
+  __shared__ int s[4 * 64 + 4];
+  const int t = threadIdx.x;
+  if (what == 3) cp_async16(s + 4 * t + 1, x + 4 * t);
+  else if (t & 1) cp_async16(s + 4 * t, x + 4 * t);
+  else for (int j = 0; j < 4; ++j) cp_async4(s + 4 * t + j, x + 4 * t + j);
+  if (what != 2) cp_async_wait_all();
+  if (what == 0) __syncthreads();
+  out[t] = s[(4 * t + 37) % 256];
+}
+"""
+
+
+def test_asynchronous_copies_land_by_the_wait_and_are_seen_after_a_barrier():
+    """cp_async16 / cp_async4 (sm_80's cp.async, as a kernel's own helpers call it) against plain
+    Python: with the wait and a barrier every thread reads what another copied, under any schedule;
+    without the barrier, first come first run (seed 0: copies land at the wait) reads shared
+    memory's starting bytes; a copy never waited for, or a misaligned one, stops the launch."""
+    k = cuda_on_cpu.build(COPIES, "copies")
+    x = torch.randint(-1000, 1000, (256,), dtype=torch.int32, generator=torch.Generator().manual_seed(2))
+    want = x[(4 * torch.arange(64) + 37) % 256]
+    out = torch.zeros(64, dtype=torch.int32)
+    for seed in (0, 3, 9):
+        k(grid=(1,), block=(64,), args=[x, out, 0], seed=seed)
+        assert torch.equal(out, want), seed
+    k(grid=(1,), block=(64,), args=[x, out, 1], seed=0)
+    assert not torch.equal(out, want)
+    with pytest.raises(RuntimeError, match="asynchronous copies it never waited for"):
+        k(grid=(1,), block=(64,), args=[x, out, 2])
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        k(grid=(1,), block=(64,), args=[x, out, 3])
