@@ -508,6 +508,113 @@ STATS = None  # a list: each chunked call appends its rows' status (tests: which
 """),
 ]
 
+# sampled with a cheap sample: 512 keys (not 2048) in a block of 256 threads (not 1024), and the
+# cutoff (the r-th largest) found by counting, each thread its two keys against all 512 (one shared
+# broadcast load a key), not by a bitonic sort of 66 barrier steps. Session 27: the sort's sample
+# took 126-143 µs at 1024 rows of 16384-32768 and 20 at 64 x 131072, as much as a whole selection;
+# the keep and the merge alone took 340-370 at 1024 x 32768, less than the shipped path's 389 (random)
+# and 567 (ties). 512 keys: about 64 above the cutoff at 32768 candidates (a spread of about 1/8),
+# 16 at 131072 (about 1/4), where a row the sample misjudges falls back to the chunks.
+_COUNT_SAMPLE = [
+    Sub(r"SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 1024, 256, 16  # the sample's and the keep's blocks",
+        "SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 256, 256, 16  # the sample's and the keep's blocks\n"
+        "SAMPLES = 512  # the sample's keys a row at most (the kernels' SAMPLES)", 1),
+    Sub(r"#define SAMPLES 2048", "#define SAMPLES 512", 1),
+    Sub(r"(?s)// a block a row: the packed keys of S = min\(N, SAMPLES\) evenly spaced candidates, sorted.*?"
+        r"extern \"C\" __global__ void __launch_bounds__\(SB, 1\)\n", r"""// a block of SB threads a row: the packed keys of S = min(N, SAMPLES) evenly spaced candidates, SK a
+// thread; the cutoff is the r-th largest, r = ceil(target S / N) (about target of the row at or above
+// it), found by counting: the key with fewer than r keys above it and at least r at or above it
+// (equal keys, a duplicate id's, write the same value). Resets the row's status for the keep.
+static_assert(SAMPLES % SB == 0, "SK keys a thread");
+#define SK (SAMPLES / SB)
+extern "C" __global__ void __launch_bounds__(SB)
+""", 1),
+    Sub(r"(?s)(  const int S = min\(N, SAMPLES\);\n)  for \(int j = tid; j < SAMPLES; j \+= SB\) \{.*?\n(''', \"keep\": )",
+        r"""\1  u64 mine[SK];
+#pragma unroll
+  for (int m = 0; m < SK; ++m) {
+    const int j = m * SB + tid;
+    mine[m] = 0;
+    if (j < S) {
+      const int p = (int)((i64)j * N / S);
+      mine[m] = packed_key(__ldg(srow + p), __ldg(irow + p));
+    }
+    key[j] = mine[m];
+  }
+  if (tid < 4) stat[row * 4 + tid] = 0;
+  if (S == 0 && tid == 0) cut[row] = 0;  // (no candidate: every valid one is kept)
+  __syncthreads();
+  const i64 r = min((i64)S, max((i64)1, ((i64)target * S + N - 1) / max(N, 1)));
+  int gt[SK], ge[SK];
+#pragma unroll
+  for (int m = 0; m < SK; ++m) gt[m] = ge[m] = 0;
+  for (int j = 0; j < S; ++j) {
+    const u64 o = key[j];
+#pragma unroll
+    for (int m = 0; m < SK; ++m) {
+      gt[m] += o > mine[m];
+      ge[m] += o >= mine[m];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < SK; ++m)
+    if (m * SB + tid < S && gt[m] < r && r <= ge[m]) cut[row] = mine[m];
+}
+\2""", 1),
+]
+
+# the keep by warps: each warp of a keep block on its 512 candidates alone (item t of lane l at
+# 32 t + l: a load of a slot is 128 consecutive bytes), its kept count and first slot from one atomic
+# on the row's count, its kept written in slot order by a ballot a slot (consecutive lanes, consecutive
+# slots), and the row's last warp (a ticket a warp) writing the status. No block scan, no barrier, no
+# thread waiting on another's atomic. Session 27: the block keep took 145-147 µs at 1024 x 16384 (a
+# quarter of the row kept) and 34 at 64 x 131072 (1/32 kept), 0.2x the time for 0.5x the blocks: the
+# cost follows what is kept, which the block keep stores a thread's kept at a time, scattered
+# (a thread's slots follow its lower neighbours' counts).
+_KEEP_WARP = [
+    Sub(r"(?s)// grid \(rows, blocks of KB threads x KI candidates\): the candidates at or above the row's cutoff to\n.*?"
+        r"(extern \"C\" __global__ void __launch_bounds__\(KB\)\n)", r"""// grid (rows, blocks of KB threads x KI candidates), each warp on its own 32 x KI: the candidates at
+// or above the row's cutoff to slots [0, cap) of the workspace row with their positions; stat[row]:
+// kept, valid, warps done, then (the row's last warp) the status: the kept count where they hold the
+// winners and fit, else -1
+\1""", 1),
+    Sub(r"  __shared__ int wsum\[KB / 32 \+ 1\];\n  __shared__ int first;[^\n]*\n  const int tid = threadIdx.x;\n",
+        "  const int lane = threadIdx.x & 31;\n", 1),
+    Sub(r"  const int base = blockIdx.y \* \(KB \* KI\);\n",
+        "  const int base = blockIdx.y * (KB * KI) + (threadIdx.x >> 5) * (32 * KI);  // the warp's first candidate\n", 1),
+    Sub(r"    const int p = base \+ t \* KB \+ tid;\n", "    const int p = base + t * 32 + lane;\n", 1),
+    Sub(r"(?s)  int nkept, nvalid;\n  int slot = block_scan<KB>.*?\n(  if \(tid == 0\) \{  // the row's last block writes its status\n)",
+        r"""  const int kept = __reduce_add_sync(FULL, __popc(keep)), valid = __reduce_add_sync(FULL, nv);
+  int slot = 0;
+  if (lane == 0) {  // the warp's slots: one atomic on the row's count
+    if (kept) slot = atomicAdd(stat + row * 4, kept);
+    if (valid) atomicAdd(stat + row * 4 + 1, valid);
+  }
+  slot = __shfl_sync(FULL, slot, 0);
+#pragma unroll
+  for (int t = 0; t < KI; ++t) {
+    const u32 b = __ballot_sync(FULL, (keep >> t) & 1u);
+    if ((keep >> t) & 1u) {
+      const int at = slot + __popc(b & ((1u << lane) - 1u));
+      if (at < cap) {
+        w_ids[row * s_w + at] = id[t];
+        reinterpret_cast<int*>(w_sc)[row * s_w + at] = bits[t];
+        w_pos[row * s_w + at] = base + t * 32 + lane;
+      }
+    }
+    slot += __popc(b);
+  }
+\1""", 1),
+    Sub(r"  if \(tid == 0\) \{  // the row's last block writes its status\n(    __threadfence\(\);\n[^\n]*\n)"
+        r"    if \(done == \(int\)gridDim.y - 1\) \{\n",
+        r"  if (lane == 0) {  // the row's last warp writes its status\n\1"
+        r"    if (done == (int)gridDim.y * (KB / 32) - 1) {\n", 1),
+    Sub(r"const int kept = atomicAdd\(stat \+ row \* 4, 0\), valid = atomicAdd\(stat \+ row \* 4 \+ 1, 0\);\n"
+        r"      stat\[row \* 4 \+ 3\] = \(kept <= cap && \(kept >= K \|\| kept == valid\)\) \? kept : -1;",
+        "const int kall = atomicAdd(stat + row * 4, 0), vall = atomicAdd(stat + row * 4 + 1, 0);\n"
+        "      stat[row * 4 + 3] = (kall <= cap && (kall >= K || kall == vall)) ? kall : -1;", 1),
+]
+
 # sampled, and rows of one block too, from SAMPLED_ROWS rows and 8 k candidates (a 16384 row at k =
 # 2048): the sampled keep leaves the merge about 2 k of the row (its load and score level a quarter
 # of the row's), and the keep's blocks read the row at the memory's pace. Session 24's profile: a
@@ -905,10 +1012,17 @@ def row_blocks(q: int, threads: int, dev) -> int:
     Sub(r"0, m, m, m\]\)", "0, m, m, m, q])", 1),
 ]
 
+# prefetch for rows of 4097-8192 too (the 512 tile: 146 KB of shared memory a block, one block an SM
+# as in the shipped kernel, whose 96 registers a thread leave no room for a second; session 24: a
+# 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
+_PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
+
 VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
             "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED,
             "sampled_rows": _SAMPLED + _SAMPLED_ROWS, "sampled_rows_tight": _SAMPLED + _SAMPLED_ROWS + _TIGHT,
-            "spread": _SPREAD, "prefetch": _PREFETCH}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "sampled_count": _SAMPLED + _COUNT_SAMPLE,
+            "sampled_fast": _SAMPLED + _COUNT_SAMPLE + _KEEP_WARP,
+            "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -5,6 +5,12 @@
 #   bash bench/block_variants_gpu.sh   (results in $OUT: variants_ab.json, variant_phases.json, log.txt)
 #   TESTS_ON=scan+digits11+rank_keys+prefetch bash bench/block_variants_gpu.sh   (the first call of session 28's plan:
 #     the block path's GPU tests on the combination with the prefetch)
+#   VARIANTS="sampled_count sampled_fast scan+digits11+rank_keys+sampled_fast" CELLS=20000x1024,32768x1024,65536x64,65536x1024,131072x8,131072x64,131072x256,32768x1 \
+#     PROFILE= PATHS=row,staged FUZZ=60 PHASES_OF=sampled_fast PHASES_CELLS=32768x1024,20000x1024,131072x64 \
+#     TESTS_ON=sampled_fast bash bench/block_variants_gpu.sh   (the second: the sampled keep with a counted
+#     sample and a keep by warps, against the shipped path, fp32 topk and the Triton paths beyond 16384)
+#   VARIANTS="prefetch512 scan+digits11+rank_keys+prefetch512" CELLS=8192x64,8192x1024,4096x1024,12288x1024 \
+#     PROFILE= bash bench/block_variants_gpu.sh   (the 512 tile prefetching too)
 #   CELLS=8192x64,8192x1024,4096x1024,24576x1024 bash bench/block_variants_gpu.sh   (a second call)
 #   VARIANTS="scan scan+match" CELLS=16384x1024 bash bench/block_variants_gpu.sh
 #   VARIANTS="sampled sampled_rows sampled_rows_tight scan+digits11+smem_keys+rank_keys+sampled_rows" CELLS=long PROFILE= \

@@ -127,7 +127,7 @@ def _sampled_status(mod, scores, ids, k):
     out = []
     for r in range(q):
         keys = [_packed(b, i) for b, i in zip(scores[r].view(torch.int32).tolist(), ids[r].tolist())]
-        s = min(n, 2048)
+        s = min(n, getattr(mod, "SAMPLES", 2048))  # (sampled_count: 512)
         sample = sorted((keys[j * n // s] for j in range(s)), reverse=True)
         cut = sample[min(s, max(1, -(-target * s // n))) - 1]
         valid = sum(i >= 0 for i in ids[r].tolist())
@@ -137,7 +137,7 @@ def _sampled_status(mod, scores, ids, k):
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-@pytest.mark.parametrize("variant", ["sampled", "sampled_rows_tight"])
+@pytest.mark.parametrize("variant", ["sampled", "sampled_rows_tight", "sampled_count", "sampled_fast"])
 def test_sampled_keep_serves_rows_and_the_chunks_the_rest(tmp_path, variant):
     """Variants ``sampled`` (and its tighter keep): the keep's status a row against the rule in
     plain Python, and an exact output both where the keep serves the row and where the chunks do:
@@ -250,3 +250,24 @@ def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
     with pytest.raises((AssertionError, RuntimeError)):
         for seed in (0, 4):
             check_equal(run(scores, ids, 700, seed=seed), ref_python(scores, ids, 700), f"prefetch slip {slip}")
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_a_slip_in_the_counted_sample_shows_in_the_rows_status(tmp_path):
+    """``sampled_count``'s cutoff by counting: with the r-th largest's test one short, no key passes
+    it and the row's cutoff is whatever its slot held, so the keep's counts leave the rule's: the
+    output stays exact (a row the keep cannot serve falls back to the chunks) and only the status
+    against the rule in plain Python shows the slip."""
+    good, bad = "gt[m] < r && r <= ge[m]", "gt[m] < r && r < ge[m]"
+    text = block_variants.module_text("sampled_count")
+    assert text.count(good) == 1
+    path = tmp_path / "sampled_count_slip.py"
+    path.write_text(text.replace(good, bad))
+    mod = load_module(str(path))
+    g = torch.Generator().manual_seed(13)
+    scores = torch.randn(2, 40000, generator=g)
+    ids = torch.stack([torch.randperm(40000, generator=g) for _ in range(2)]).to(torch.int32)
+    mod.STATS = []
+    check_equal(BlockOnCpu(mod)(scores, ids, 2048, seed=1), ref_packed(scores, ids, 2048), "slip: exact by the fallback")
+    got = [tuple(x) for x in mod.STATS[0][:, [0, 1, 3]].tolist()]
+    assert got != _sampled_status(mod, scores, ids, 2048)
