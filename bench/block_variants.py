@@ -945,6 +945,8 @@ __device__ __forceinline__ void copy_row(int* buf, const float* scores, const in
   const i64 row = blockIdx.x;
 #endif
 """),
+    ("  extern __shared__ u64 dyn[];", "  extern __shared__ u64 dyn[];",
+     "  extern __shared__ __align__(16) u64 dyn[];  // (the row's 16-byte copies land at KMAX x 20 bytes in)\n"),
     ("  u32 u[ITEMS];", "  u32 u[ITEMS];", """\
 #if PREFETCH
   cp_async_wait_all();  // this thread's copies of the row; after the barrier, every thread's
@@ -1006,6 +1008,10 @@ def row_blocks(q: int, threads: int, dev) -> int:
     Sub(r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n(\s+)DYN_BYTES\)",
         r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n\1dyn_bytes(threads, kind))", 1),
     Sub(r"\(dynamic shared memory \{DYN_BYTES\} B\)", "(dynamic shared memory {dyn_bytes(threads, kind)} B)", 1),
+    Sub(r"(CUDA error \{rc\}\"\)\n)", r"""\1                if dyn_bytes(threads, kind) >= 48 * 1024:  # (torch's launcher refuses it unconfigured)
+                    with torch.cuda.device(index):
+                        kern.set_shared_memory_config(dyn_bytes(threads, kind))
+""", 1),
     Sub(r"grid=\(q, 1, 1\), block=\(t, 1, 1\), shared_mem=DYN_BYTES,",
         'grid=(row_blocks(q, t, dev), 1, 1), block=(t, 1, 1), shared_mem=dyn_bytes(t, "row"),', 1),
     Sub(r"out_sc\.stride\(0\), 0\]\)", "out_sc.stride(0), 0, q])", 2),

@@ -4,7 +4,6 @@ code fails, the sampled keep leaves each row the status its rule gives, and the 
 exact (the whole CPU suite runs on any variant with ``--block-module``)."""
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import sys
@@ -44,20 +43,51 @@ def test_every_variant_applies_to_the_shipped_module():
         block_variants.module_text("scan+nope")
 
 
-def test_dynamic_shared_memory_past_48_kib_is_configured_through_torch(tmp_path):
-    """torch's kernel launcher refuses more than 48 KiB of dynamic shared memory unless the
-    kernel's ``set_shared_memory_config`` was called (an H200 run of session 27 stopped there):
-    every variant past 48 KiB makes that call with its own size, and the shipped module stays
-    below it. (A text check: the CPU runner compiles nothing, so only a GPU runs the call.)"""
-    shipped = load_module(block_variants.SHIPPED)
-    assert shipped.DYN_BYTES < 48 * 1024
+class _TorchKernel:
+    """torch's NVRTC kernel as its launcher checks shared memory (torch.cuda._utils._CudaKernel): a
+    launch of 48 KiB or more of dynamic shared memory raises unless ``set_shared_memory_config``
+    allowed that much (session 27: an H200 run stopped there; the CPU runner has no such check)."""
+
+    def __init__(self):
+        self.func, self.configured, self.launches = object(), 0, []
+
+    def set_shared_memory_config(self, nbytes):
+        self.configured = nbytes
+
+    def __call__(self, grid=(1, 1, 1), block=(1, 1, 1), args=None, shared_mem=0, stream=None):
+        if shared_mem >= 48 * 1024 and shared_mem > self.configured:
+            raise RuntimeError(f"Kernel requires {shared_mem} bytes of shared memory (>= 48KB), but not configured")
+        self.launches.append(shared_mem)
+
+
+def test_every_launch_past_48_kib_is_configured_through_torch(tmp_path, monkeypatch):
+    """Every variant's ``block_select`` (and the shipped one), on shapes that launch each of its
+    kinds and tiles, through its own ``compile_tile`` with torch's kernel object stood in by one
+    that checks shared memory as torch's launcher does: no launch is refused. The variants past
+    48 KiB (smem_keys' chunks, prefetch's row kind) are among them, so the check has work to do."""
+    import contextlib
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", lambda src, name: _TorchKernel(), raising=False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    class Driver:
+        def cuFuncSetAttribute(self, func, attr, value):  # noqa: N802 (the driver's name)
+            return 0
     past = []
-    for name in sorted(set(block_variants.VARIANTS) | set(_gpu_call_variants())):
-        mod = load_module(block_variants.write(name, str(tmp_path)))
-        if mod.DYN_BYTES >= 48 * 1024:
+    for name in ["shipped"] + sorted(set(block_variants.VARIANTS) | set(_gpu_call_variants())):
+        mod = load_module(block_variants.SHIPPED if name == "shipped" else block_variants.write(name, str(tmp_path)))
+        mod._driver_library = lambda: Driver
+        if hasattr(mod, "SAMPLED_ROWS"):
+            mod.SAMPLED_ROWS = 1  # (rows of one block through the keep too)
+        launches = []
+        for q, n, k in [(2, 3000, 700), (5, 6000, 2048), (6, 12000, 2048), (2, 40000, 2048), (1, 131072, 2048)]:
+            mod._KERNELS.clear()
+            mod.block_select(torch.zeros(q, n), torch.zeros(q, n, dtype=torch.int32), k)
+            launches += [nbytes for kern in mod._KERNELS.values() for nbytes in kern.launches]
+        assert launches, name
+        if max(launches) >= 48 * 1024:
             past.append(name)
-            assert "kern.set_shared_memory_config(DYN_BYTES)" in inspect.getsource(mod.compile_tile), name
-    assert "smem_keys" in past and "scan+digits11+smem_keys+rank_keys+sampled_rows" in past
+    assert "shipped" not in past and {"smem_keys", "prefetch", "scan+digits11+rank_keys+prefetch"} <= set(past), past
 
 
 def test_an_edit_whose_text_moved_raises(tmp_path):
