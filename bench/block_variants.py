@@ -931,20 +931,19 @@ __device__ __forceinline__ void copy_row(int* buf, const float* scores, const in
 
 #define KEY_NEGINF 0x007FFFFFu  // order_key of -inf (the pad's score)
 """),
-    ("int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {",
-     "int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {",
-     "                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op, int nrows) {\n"),
-    ("  const i64 row = blockIdx.x;", "  const i64 row = blockIdx.x;", r"""#if PREFETCH  // the row after the ordering's dynamic memory: scores, then ids; the block's first row
+    Sub(r"(  const int lane = tid & 31;\n)  const i64 row = blockIdx.x;\n", r"""\1#if PREFETCH  // the row after the ordering's dynamic memory: scores, then ids; the block's first row
 #define ROWBUF reinterpret_cast<int*>(reinterpret_cast<char*>(dyn) + KMAX * 20)
   copy_row(ROWBUF, scores, ids, blockIdx.x, s_sq, s_iq, N);
   // rows blockIdx.x, + gridDim.x, ...: the next one's copy while this one is selected (the row kind:
-  // N stays the row's)
+  // N stays the row's). The rows: the row kind's s_op, a stride of out_pos, which it does not write
+  // (so that the kernel's parameters stay the shipped ones, which other variants edit)
+  const int nrows = s_op;
   for (int row = blockIdx.x; row < nrows; row += gridDim.x) {
 #else
   {
   const i64 row = blockIdx.x;
 #endif
-"""),
+""", 1),
     ("  extern __shared__ u64 dyn[];", "  extern __shared__ u64 dyn[];",
      "  extern __shared__ __align__(16) u64 dyn[];  // (the row's 16-byte copies land at KMAX x 20 bytes in)\n"),
     ("  u32 u[ITEMS];", "  u32 u[ITEMS];", """\
@@ -1001,10 +1000,8 @@ def row_blocks(q: int, threads: int, dev) -> int:
     sms = PREFETCH_BLOCKS or (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 3)
     return min(q, sms)
 """),
-    ('f"#define POS_IN {_POS_IN}', '#define MODE {KINDS[kind]}', """\
-            f"#define POS_IN {_POS_IN}\\n#define UNORDERED {_UNORDERED}\\n#define MODE {KINDS[kind]}\\n"
-            f"#define PREFETCH {int(kind == 'row' and int(threads) in PREFETCH_TILES)}\\n" + SOURCE)
-"""),
+    Sub(r'(\n *)(f"#define POS_IN \{_POS_IN\})',
+        r"""\1f"#define PREFETCH {int(kind == 'row' and int(threads) in PREFETCH_TILES)}\\n"\1\2""", 1),
     Sub(r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n(\s+)DYN_BYTES\)",
         r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n\1dyn_bytes(threads, kind))", 1),
     Sub(r"\(dynamic shared memory \{DYN_BYTES\} B\)", "(dynamic shared memory {dyn_bytes(threads, kind)} B)", 1),
@@ -1014,8 +1011,8 @@ def row_blocks(q: int, threads: int, dev) -> int:
 """, 1),
     Sub(r"grid=\(q, 1, 1\), block=\(t, 1, 1\), shared_mem=DYN_BYTES,",
         'grid=(row_blocks(q, t, dev), 1, 1), block=(t, 1, 1), shared_mem=dyn_bytes(t, "row"),', 1),
-    Sub(r"out_sc\.stride\(0\), 0\]\)", "out_sc.stride(0), 0, q])", 2),
-    Sub(r"0, m, m, m\]\)", "0, m, m, m, q])", 1),
+    Sub(r'(shared_mem=dyn_bytes\(t, "row"\),\n\s+args=\[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, '
+        r'scores\.stride\(0\), ids\.stride\(0\), 0,\n\s+out_ids\.stride\(0\), out_sc\.stride\(0\), )0', r"\1q", 1),
 ]
 
 # prefetch for rows of 4097-8192 too (the 512 tile: 146 KB of shared memory a block, one block an SM

@@ -19,7 +19,7 @@
 #     (the first call to make: the sampled keep, columns of the Triton row kernel and staged path, 60 s of fuzzing
 #     the first variant, sampled_rows' kernels one by one, the block path's GPU tests on sampled; no profile, so
 #     the A/B may take 380 s)
-#   VARIANTS="spread scan+digits11+smem_keys+rank_keys+sampled_rows+spread" CELLS=few PROFILE= PATHS=staged FUZZ=60 \
+#   VARIANTS="spread scan+digits11+rank_keys+sampled_fast+prefetch+spread" CELLS=few PROFILE= PATHS=staged FUZZ=60 \
 #     TESTS_ON=spread PHASES_OF=spread PHASES_CELLS=16384x1,16384x4,4096x1 bash bench/block_variants_gpu.sh   (the
 #     spread path at 1-4 rows, alone and with everything else, against the Triton staged path; its kernels one by
 #     one; about 4 minutes)

@@ -32,7 +32,8 @@ def test_every_variant_applies_to_the_shipped_module():
     calls = _gpu_call_variants()
     assert {"scan+digits11+rank_keys+prefetch", "scan+digits11+smem_keys+rank_keys+sampled_rows"} <= set(calls)
     # (and the combinations timed or built before, which the docs name)
-    names = list(block_variants.VARIANTS) + calls + ["scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys"]
+    names = list(block_variants.VARIANTS) + calls + ["scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys",
+                                                     "scan+digits11+smem_keys+rank_keys+sampled_rows+spread"]
     with open(block_variants.SHIPPED) as f:
         shipped = f.read()
     for name in names:
@@ -211,19 +212,20 @@ def test_spread_is_exact_on_the_cpu(tmp_path):
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_every_path_of_the_all_nvrtc_combination_is_exact_on_the_cpu(tmp_path):
-    """``scan+digits11+smem_keys+rank_keys+sampled_rows+spread``, the combination the spread call
-    times: 1-4 rows spread, more rows of one block through the sampled keep (SAMPLED_ROWS set to 5
-    here), rows in chunks through the sampled keep, each against the plain Python sort."""
-    name = "scan+digits11+smem_keys+rank_keys+sampled_rows+spread"
+    """``scan+digits11+rank_keys+sampled_fast+prefetch+spread``, the combination the spread call
+    times: 1-4 rows spread, more rows of one block in prefetching blocks (5 rows of the 1024 tile,
+    3 blocks here: a block takes two rows), rows in chunks through the sampled keep, each against
+    the plain Python sort. (Session 26's combination, with smem_keys and sampled_rows, still applies:
+    test_every_variant_applies_to_the_shipped_module.)"""
+    name = "scan+digits11+rank_keys+sampled_fast+prefetch+spread"
     mod = load_module(block_variants.write(name, str(tmp_path)))
-    mod.SAMPLED_ROWS = 5
     run = BlockOnCpu(mod)
     for (scores, ids), k in [(make_case("nandups", 2, 9000, 1000, seed=1), 1000),
                              (make_case("ties", 5, 9000, 1000, seed=2), 1000),
                              (make_case("special", 1, 30000, 700, seed=3), 700)]:
         check_equal(run(scores, ids, k, seed=2), ref_python(scores, ids, k), f"{name} q={scores.shape[0]} k={k}")
-    assert {kind for _, kind in run.launched} == {"hist", "compact", "finish", "rank", "sample", "keep", "chunks_gated",
-                                                  "merge_gated"}
+    assert {kind for _, kind in run.launched} == {"hist", "compact", "finish", "rank", "row", "sample", "keep",
+                                                  "chunks_gated", "merge_gated"}
 
 
 def _prefetch_module(tmp_path, text=None):
