@@ -168,12 +168,12 @@ def _sampled_status(mod, scores, ids, k):
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-@pytest.mark.parametrize("variant", ["sampled", "sampled_rows_tight", "sampled_count", "sampled_fast"])
+@pytest.mark.parametrize("variant", ["sampled", "sampled_fast"])  # (sampled_fast: the counted sample too)
 def test_sampled_keep_serves_rows_and_the_chunks_the_rest(tmp_path, variant):
-    """Variants ``sampled`` (and its tighter keep): the keep's status a row against the rule in
-    plain Python, and an exact output both where the keep serves the row and where the chunks do:
-    a sample that sees only the row's best (too few kept), one key throughout (too many), fewer
-    valid than k."""
+    """Variants ``sampled`` and ``sampled_fast`` (a counted sample, a keep by warps): the keep's
+    status a row against the rule in plain Python, and an exact output both where the keep serves
+    the row and where the chunks do: a sample that sees only the row's best (too few kept), one key
+    throughout (too many), fewer valid than k."""
     mod = load_module(block_variants.write(variant, str(tmp_path)))
     run = BlockOnCpu(mod)
     g = torch.Generator().manual_seed(9)
@@ -286,14 +286,14 @@ def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_a_slip_in_the_counted_sample_shows_in_the_rows_status(tmp_path):
-    """``sampled_count``'s cutoff by counting: with the r-th largest's test one short, no key passes
+    """The counted sample's cutoff (``sampled_fast``): with the r-th largest's test one short, no key passes
     it and the row's cutoff is whatever its slot held, so the keep's counts leave the rule's: the
     output stays exact (a row the keep cannot serve falls back to the chunks) and only the status
     against the rule in plain Python shows the slip."""
     good, bad = "gt[m] < r && r <= ge[m]", "gt[m] < r && r < ge[m]"
-    text = block_variants.module_text("sampled_count")
+    text = block_variants.module_text("sampled_fast")
     assert text.count(good) == 1
-    path = tmp_path / "sampled_count_slip.py"
+    path = tmp_path / "sampled_fast_slip.py"
     path.write_text(text.replace(good, bad))
     mod = load_module(str(path))
     g = torch.Generator().manual_seed(13)

@@ -440,8 +440,11 @@ def _mass_tie(kind: str, q: int, n: int, seed: int):
     return scores.contiguous(), ids.contiguous()
 
 
-@pytest.mark.parametrize("refine", [None, 0, 16384], ids=["refine", "refine_all", "chunks"])
-@pytest.mark.parametrize("kind", ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"])
+MASS_TIE_KINDS, MASS_TIE_REFINE = ["equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"], [None, 0, 16384]
+
+
+@pytest.mark.parametrize("refine", MASS_TIE_REFINE, ids=["refine", "refine_all", "chunks"])
+@pytest.mark.parametrize("kind", MASS_TIE_KINDS)
 def test_row_mass_tie_in_registers(kind, refine):
     """The row kernel's 8192 and 16384 register tiles with a cutoff bin of more candidates than
     the finish's registers hold (refined on the row read again as a tile: the score key, then the
@@ -450,6 +453,7 @@ def test_row_mass_tie_in_registers(kind, refine):
     whole is refined, however small (no finish compiled); 16384: none (the finish's chunks; no
     refinement compiled)."""
     _require_kernel()
+    _interpreter_half(MASS_TIE_KINDS.index(kind), MASS_TIE_REFINE.index(refine))
     for n, k in ((16384, 2047), (12000, 700), (9000, 1), (6000, 999)):  # (6000: the 8192 tile)
         scores, ids = _mass_tie(kind, 2, n, seed=n + k)
         got = run_kernel(scores, ids, k, path="row", **({} if refine is None else dict(refine=refine)))
@@ -806,6 +810,7 @@ def test_staged_narrowing(case, fuse):
     one digit holds the whole bin; and with ``narrow=False``. The Python model asserts each
     case takes its branch."""
     _require_kernel()
+    _interpreter_half(list(NARROW_CASES).index(case), int(fuse))
     q, n, k = 2, 1500, 64 if case != "nan_dups" else 300
     scores, ids = _narrow_case(case, q, n, torch.Generator().manual_seed(len(case)))
     for r in range(q):
