@@ -890,7 +890,8 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
 
 # rows of one block, the 1024 tile (PREFETCH_TILES): a block an SM for several rows, each row's
 # candidates copied to shared memory (cp.async, after the ordering's dynamic memory: 128 KB, 210 KB a
-# block in all) while the block selects the row before it. Session 24's profile: a 1024 x 16384 block
+# block in all) while the block orders the row before it (the copy is issued once that row's
+# winners are in shared memory). Session 24's profile: a 1024 x 16384 block
 # spends 9,000 of 45,000 cycles loading its row, the same at 64 rows as at 1024 (latency, not
 # bandwidth), and only one block an SM fits, so nothing hides it; here every row's load but the
 # first overlaps the previous row's selection. The registers come from shared memory, so the
@@ -932,7 +933,7 @@ __device__ __forceinline__ void copy_row(int* buf, const float* scores, const in
 #define KEY_NEGINF 0x007FFFFFu  // order_key of -inf (the pad's score)
 """),
     Sub(r"(  const int lane = tid & 31;\n)  const i64 row = blockIdx.x;\n", r"""\1#if PREFETCH  // the row after the ordering's dynamic memory: scores, then ids; the block's first row
-#define ROWBUF reinterpret_cast<int*>(reinterpret_cast<char*>(dyn) + KMAX * 20)
+#define ROWBUF reinterpret_cast<int*>(reinterpret_cast<char*>(dyn) + ROWBUF_AT)
   copy_row(ROWBUF, scores, ids, blockIdx.x, s_sq, s_iq, N);
   // rows blockIdx.x, + gridDim.x, ...: the next one's copy while this one is selected (the row kind:
   // N stays the row's). The rows: the row kind's s_op, a stride of out_pos, which it does not write
@@ -945,7 +946,7 @@ __device__ __forceinline__ void copy_row(int* buf, const float* scores, const in
 #endif
 """, 1),
     ("  extern __shared__ u64 dyn[];", "  extern __shared__ u64 dyn[];",
-     "  extern __shared__ __align__(16) u64 dyn[];  // (the row's 16-byte copies land at KMAX x 20 bytes in)\n"),
+     "  extern __shared__ __align__(16) u64 dyn[];  // (the row's 16-byte copies land ROWBUF_AT bytes in)\n"),
     ("  u32 u[ITEMS];", "  u32 u[ITEMS];", """\
 #if PREFETCH
   cp_async_wait_all();  // this thread's copies of the row; after the barrier, every thread's
@@ -1001,7 +1002,8 @@ def row_blocks(q: int, threads: int, dev) -> int:
     return min(q, sms)
 """),
     Sub(r'(\n *)(f"#define POS_IN \{_POS_IN\})',
-        r"""\1f"#define PREFETCH {int(kind == 'row' and int(threads) in PREFETCH_TILES)}\\n"\1\2""", 1),
+        r"""\1f"#define PREFETCH {int(kind == 'row' and int(threads) in PREFETCH_TILES)}\\n#define ROWBUF_AT {DYN_BYTES}\\n"\1\2""",
+        1),
     Sub(r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n(\s+)DYN_BYTES\)",
         r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n\1dyn_bytes(threads, kind))", 1),
     Sub(r"\(dynamic shared memory \{DYN_BYTES\} B\)", "(dynamic shared memory {dyn_bytes(threads, kind)} B)", 1),

@@ -158,7 +158,7 @@ def _sampled_status(mod, scores, ids, k):
     out = []
     for r in range(q):
         keys = [_packed(b, i) for b, i in zip(scores[r].view(torch.int32).tolist(), ids[r].tolist())]
-        s = min(n, getattr(mod, "SAMPLES", 2048))  # (sampled_count: 512)
+        s = min(n, getattr(mod, "SAMPLES", 2048))  # (the counted sample's: 512)
         sample = sorted((keys[j * n // s] for j in range(s)), reverse=True)
         cut = sample[min(s, max(1, -(-target * s // n))) - 1]
         valid = sum(i >= 0 for i in ids[r].tolist())
@@ -242,7 +242,7 @@ def _prefetch_module(tmp_path, text=None):
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_prefetch_is_exact_on_the_cpu(tmp_path):
     """Variant ``prefetch``: a block for several rows, the next row's candidates copied to shared
-    memory while it selects this one. Rows that start 16-byte aligned (16-byte copies) and rows
+    memory while it orders this one. Rows that start 16-byte aligned (16-byte copies) and rows
     that do not (4-byte copies: N not a multiple of 4, a view one column in), against the plain
     Python sort, under two schedules (the copies land at the wait, or at random at the issue)."""
     mod = _prefetch_module(tmp_path)
@@ -286,10 +286,10 @@ def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_a_slip_in_the_counted_sample_shows_in_the_rows_status(tmp_path):
-    """The counted sample's cutoff (``sampled_fast``): with the r-th largest's test one short, no key passes
-    it and the row's cutoff is whatever its slot held, so the keep's counts leave the rule's: the
-    output stays exact (a row the keep cannot serve falls back to the chunks) and only the status
-    against the rule in plain Python shows the slip."""
+    """The counted sample's cutoff (``sampled_fast``): with the r-th largest's test one short, no
+    key passes it and the row's cutoff is whatever its slot held, so the keep's counts leave the
+    rule's: the output stays exact (a row the keep cannot serve falls back to the chunks) and only
+    the status against the rule in plain Python shows the slip."""
     good, bad = "gt[m] < r && r <= ge[m]", "gt[m] < r && r < ge[m]"
     text = block_variants.module_text("sampled_fast")
     assert text.count(good) == 1
