@@ -356,7 +356,7 @@ def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_row
     if s.bias is not None:
         s.bias = replaced.get(s.bias, s.bias)
     xv = _val(s.x_full)
-    k = xv.shape[-1]
+    k = s.k  # the matcher's static sizes (s.k, s.n): a SymInt in a node's arguments names no node
     m_rows = s.rows()
     out_shape = list(_val(s.reduce.partial).shape)
     b = _Builder(graph, s.reduce.result, fake_mode)
@@ -388,7 +388,7 @@ def rewrite(graph: fx.Graph, s: Site, rows_node: fx.Node, fake_mode, channel_row
     else:
         lead = [d if isinstance(d, int) else b(aten.sym_size.int, s.x_full, i)
                 for i, d in enumerate(out_shape[:-1])]
-        y = b(aten.view.default, y2, lead + [out_shape[-1]])
+        y = b(aten.view.default, y2, lead + [s.n])
     result = s.reduce.result
     orig = _val(result)
     result.replace_all_uses_with(y)

@@ -151,6 +151,26 @@ def test_split_of_a_symbolic_width(form):
     assert s.skip is not None and "symbolic" in s.skip, s.skip
 
 
+@pytest.mark.parametrize("lead", [(16,), (2, 8)], ids=["2d", "3d"])
+def test_a_rewrite_of_symbolic_sizes_puts_no_size_object_in_the_graph(lead):
+    """Under ``dynamic=True`` the hidden width and N reach the pass as SymInts, which the matcher
+    specialises (guards). The rewrite's views take those static sizes, and a row count that stays
+    symbolic comes from a ``sym_size`` node: a SymInt object in a node's arguments names no node of
+    the graph (torch 2.13 warns "Raw SymInt value ... passed as argument"; seen in
+    ``tools/fuzz_latent.py --seed 29``)."""
+    def fn(x, w, rows):
+        return _reduce(F.linear(torch.chunk(x, W, -1)[RANK], w)) * 2
+
+    gm = _trace(fn, torch.randn(*lead, 2 * KS, dtype=torch.bfloat16), mode="symbolic")
+    [s] = lg.find_sites(gm.graph, _info(), specialize=True)
+    assert s.skip is None, s.skip
+    _rewrite(gm, s)
+    raw = [(n.name, a) for n in gm.graph.nodes for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+           if isinstance(a, torch.SymInt)]
+    assert not raw, raw
+    assert tuple(_run_fake(gm, (*lead, 2 * KS), (N, KS), (N // W, 2 * KS)).shape) == (*lead, N)
+
+
 def _skip(fn, x, **kw):
     gm = _trace(fn, x, **{k: v for k, v in kw.items() if k in ("w", "rows")})
     sites = _sites(gm, **{k: v for k, v in kw.items() if k in ("world", "rank")})

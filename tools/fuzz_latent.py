@@ -18,7 +18,8 @@ blocks side by side, then the same bias and pointwise op) and the same bits on e
 where it says *skipped*, the bits plain Inductor's compile of the same code gives (not
 eager's: Inductor may fuse a bias into the GEMM); every site gets one record, and a skipped
 one its reason. A compile that raises counts as a failure when plain Inductor
-compiles the same function. Cases are drawn from the seed alone, so every rank runs the same
+compiles the same function, and so does a warning that plain Inductor's compile and calls of
+the same function do not give (torch 2.13 warns of a size object put in a node's arguments). Cases are drawn from the seed alone, so every rank runs the same
 ones; ``run_ranks`` stops every rank at its timeout, so a hang fails the run too. Exit status
 1 on any failure.
 """
@@ -26,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
 import sys
 import time
 import traceback
+import warnings
 
 import torch
 
@@ -124,6 +127,18 @@ def _inputs(case: dict, rank: int, rows: int, world: int):
     return x if case["replicated"] else x + rank
 
 
+@contextlib.contextmanager
+def _warnings():
+    """The texts of the warnings raised inside (each one, every time it is raised), but those of
+    an API's deprecation: a module's first import gives them, in whichever compile runs first."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        texts: list[str] = []
+        yield texts
+    texts.extend(f"{w.category.__name__}: {w.message}" for w in got
+                 if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)))
+
+
 def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
     """What one rank runs: every case's compile and calls, checked; its findings."""
     import torch._inductor.config as ic
@@ -145,7 +160,7 @@ def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
         torch._dynamo.reset()
         rec = dict(index=index, rank=rank, **case)
         try:
-            with torch.no_grad(), tpflare.config.patch(latent_gather=True):
+            with torch.no_grad(), tpflare.config.patch(latent_gather=True), _warnings() as ours:
                 cf = torch.compile(fn, backend="tpflare", fullgraph=True, dynamic=case["dynamic"] or None)
                 calls = [(rows, cf(_inputs(case, rank, rows, world), *wargs)) for rows in case["rows"]]
         except Exception as e:  # a crash counts where plain Inductor compiles the function
@@ -161,9 +176,12 @@ def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
             continue
         records = [r for r in tpflare.report() if r["kind"] == "latent_gather"]
         torch._dynamo.reset()
-        with torch.no_grad():
+        with torch.no_grad(), _warnings() as theirs:
             plain = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=case["dynamic"] or None)
             plain_out = {rows: plain(_inputs(case, rank, rows, world), *wargs) for rows in case["rows"]}
+        extra = sorted(set(ours) - set(theirs))
+        if extra:  # (torch 2.13: "Raw SymInt value ... passed as argument", a rewrite's view of a size object)
+            found.append(dict(rec, finding="a warning plain Inductor does not give", warnings=extra[:5]))
         decisions = collections.Counter(r["decision"] for r in records)
         rec["decisions"] = dict(decisions)
         rec["reasons"] = sorted({r.get("reason") or "" for r in records if r["decision"] == "skipped"})
