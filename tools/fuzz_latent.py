@@ -151,6 +151,8 @@ def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
     # the emulation's bits are the compiled code's
     group = dist.group.WORLD
     found = []
+    with torch.no_grad(), _warnings():  # a process's first compile may warn once (an import, a lazy set-up)
+        torch.compile(lambda t: t.relu() + 1, backend="inductor", fullgraph=True)(torch.ones(4))
     for index in range(cases):
         case = draw_case(seed, world, index)
         if case["gemm"] == "mm" and case["slice"] == "index_select":
