@@ -6,7 +6,9 @@ Each case draws one down_reduce site from choices users make: the K-slice (``x[.
 ``narrow``, ``chunk``, ``split``, ``tensor_split``, ``index_select`` of an ``arange``), the GEMM
 (``F.linear``, ``@`` with the transposed column shard, ``torch.matmul`` / ``@`` of an
 ``[in, out]`` weight, ``torch.mm``; a 3-D hidden row at times), the reduction
-(``dist.all_reduce`` in place, the functional ``all_reduce`` and its wait), a bias after the
+(``dist.all_reduce`` in place, the functional ``all_reduce`` and its wait, torch's TP API: an
+``nn.Linear`` under ``RowwiseParallel(input_layouts=Replicate())``, where DTensor spells the
+K-slice and the GEMM), a bias after the
 reduction or inside the partial, a pointwise op after it, the dtype, the rows ``M`` and the
 output width ``N`` (one that the gather's alignment does not divide at times), a hidden row
 that differs across ranks, and ``dynamic=True``. It compiles the site with
@@ -43,7 +45,7 @@ from test_latent_gather_real_tp import gather_bits, same_everywhere  # noqa: E40
 
 SLICES = ("getitem", "narrow", "chunk", "split", "tensor_split", "index_select")
 GEMMS = ("linear", "matmul_t", "in_out", "mm", "linear_3d")
-REDUCES = ("dist", "functional")
+REDUCES = ("dist", "functional", "dtensor")  # dtensor: torch's TP API (RowwiseParallel of an nn.Linear)
 BIASES = ("none", "after", "inside")
 POSTS = ("none", "relu", "scale", "float")
 
@@ -106,6 +108,9 @@ def _site(case: dict, rank: int, world: int, group):
             y = y.float()
         return y
 
+    if case["reduce"] == "dtensor":  # torch's TP API: DTensor slices the Replicate row and reduces the Partial
+        return _dtensor_site(case, world, w, b, post)
+
     def fn(x, wt, bias):
         y = partial(x, wt, bias)
         if case["reduce"] == "dist":
@@ -118,6 +123,38 @@ def _site(case: dict, rank: int, world: int, group):
         return post(gather_bits(x.reshape(-1, k), w, world).reshape(*x.shape[:-1], n), b)
 
     return fn, (io if gemm == "in_out" else col, b), emulation
+
+
+def _dtensor_site(case: dict, world: int, w, b, post):
+    """The site as torch's TP API writes it: an ``nn.Linear`` (with the bias inside where the case
+    says so) under ``RowwiseParallel(input_layouts=Replicate())``; the slice and the GEMM's spelling
+    are DTensor's. The emulation of a bias inside: each rank's row shard GEMM adds its bias rows in
+    one ``addmm``, as the rewrite does (DTensor gives the reduce ``bias / W`` a rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    n, k = w.shape
+    inside = case["bias"] == "inside"
+    lin = torch.nn.Linear(k, n, bias=inside, dtype=w.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        if inside:
+            lin.bias.copy_(b)
+    parallelize_module(lin, init_device_mesh("cpu", (world,)), RowwiseParallel(input_layouts=Replicate()))
+
+    def fn(x, wt, bias):
+        return post(lin(x), bias)
+
+    def emulation(x):
+        x2 = x.reshape(-1, k)
+        if inside:
+            y = torch.cat([torch.addmm(br.view(-1, 1), wr, x2.T).T for wr, br in zip(w.chunk(world, 0), b.chunk(world))], 1)
+        else:
+            y = gather_bits(x2, w, world)
+        return post(y.reshape(*x.shape[:-1], n), b)
+
+    return fn, (None, b), emulation
 
 
 def _inputs(case: dict, rank: int, rows: int, world: int):
