@@ -8,7 +8,8 @@ Each case draws one down_reduce site from choices users make: the K-slice (``x[.
 ``[in, out]`` weight, ``torch.mm``; a 3-D hidden row at times), the reduction
 (``dist.all_reduce`` in place, the functional ``all_reduce`` and its wait, torch's TP API: an
 ``nn.Linear`` under ``RowwiseParallel(input_layouts=Replicate())``, where DTensor spells the
-K-slice and the GEMM), a bias after the
+K-slice and the GEMM, and a serving stack's own ops, out-of-place and in-place, registered with
+``tpflare.register_all_reduce``), a bias after the
 reduction or inside the partial, a pointwise op after it, the dtype, the rows ``M`` and the
 output width ``N`` (one that the gather's alignment does not divide at times), a hidden row
 that differs across ranks, and ``dynamic=True``. It compiles the site with
@@ -41,11 +42,13 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from test_latent_gather_real_tp import gather_bits, same_everywhere  # noqa: E402  (the tests' emulation and check)
+from test_latent_gather_real_tp import (_define_stack_ops, gather_bits,  # noqa: E402  (the tests' emulation,
+                                       same_everywhere)  # check and a stack's ops)
 
 SLICES = ("getitem", "narrow", "chunk", "split", "tensor_split", "index_select")
 GEMMS = ("linear", "matmul_t", "in_out", "mm", "linear_3d")
-REDUCES = ("dist", "functional", "dtensor")  # dtensor: torch's TP API (RowwiseParallel of an nn.Linear)
+REDUCES = ("dist", "functional", "dtensor", "stack", "stack_inplace")  # dtensor: torch's TP API (RowwiseParallel
+# of an nn.Linear); stack, stack_inplace: a serving stack's own ops, registered (its group name "tp:0")
 BIASES = ("none", "after", "inside")
 POSTS = ("none", "relu", "scale", "float")
 
@@ -115,6 +118,10 @@ def _site(case: dict, rank: int, world: int, group):
         y = partial(x, wt, bias)
         if case["reduce"] == "dist":
             dist.all_reduce(y)
+        elif case["reduce"] == "stack":
+            y = _define_stack_ops().all_reduce(y, "tp:0")
+        elif case["reduce"] == "stack_inplace":
+            _define_stack_ops().inplace_all_reduce(y, "tp:0")
         else:
             y = funcol.wait_tensor(funcol.all_reduce(y, "sum", group))
         return post(y, bias)
@@ -188,6 +195,9 @@ def rank_cases(rank: int, world: int, seed: int, cases: int) -> list:
     # the emulation's bits are the compiled code's
     group = dist.group.WORLD
     found = []
+    ops = _define_stack_ops()  # a stack's own all-reduce ops, as a stack registers them
+    tpflare.register_all_reduce(ops.all_reduce, resolve_group={"tp:0": group}, all_gather=ops.all_gather)
+    tpflare.register_all_reduce(ops.inplace_all_reduce, resolve_group=lambda name: group)
     with torch.no_grad(), _warnings():  # a process's first compile may warn once (an import, a lazy set-up)
         torch.compile(lambda t: t.relu() + 1, backend="inductor", fullgraph=True)(torch.ones(4))
     for index in range(cases):
