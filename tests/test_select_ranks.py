@@ -211,6 +211,24 @@ def test_fuzzed_cases_match_reference():
     assert any(k == 3 * c for _, c, k, _ in drawn) and any(k == 1 for _, _, k, _ in drawn)
 
 
+def test_fuzzed_cases_compiled_match_reference():
+    """tools/fuzz_compositions.py --compiled at W = 2: seeded cases on the path a model takes
+    (``tpflare.select_topk`` under ``torch.compile(backend="tpflare")``: raced, bound, and a table by
+    rows where the second row count or ``dynamic=True`` makes the rows symbolic), on the drawn
+    adversarial inputs, against the Python reference."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import fuzz_compositions
+
+    res = fuzz_compositions.run([2], cases=0, seed=0, timeout=300, compiled=5)
+    assert res["mismatches"] == [], res["mismatches"][:5]
+    seen = res["compiled_seen"][2]
+    assert len(seen) == 5 and all(s["bound"] for s in seen), seen
+    assert any("by rows (table)" in s["bound"] for s in seen) and any(s["with_scores"] for s in seen), seen
+
+
 def test_cases_cover_the_brief():
     for world in (2, 4):
         cs = cases(world)
