@@ -125,14 +125,37 @@ def agree(
     return [p[1] for p in gathered]
 
 
-def check_knobs_agree(settings, *, ranks: Sequence[int] | None = None, timeout_s: float) -> None:
-    """Fail on every rank, naming the knob, if decision knobs differ across ranks."""
-    mine = settings.decision_dict()
-    all_knobs = agree("knob check", mine, ranks=ranks, timeout_s=timeout_s)
-    ranks = list(ranks) if ranks is not None else list(range(len(all_knobs)))
+def input_signature(example_inputs: Sequence[Any]) -> list[str]:
+    """How Dynamo specialised each graph input: a tensor's sizes, strides and storage offset as
+    their expressions (a symbol where dynamic, a number where specialised; equal values under
+    duck sizing share a symbol), an integer's expression. Ranks whose signatures differ compiled
+    under different guards."""
+    def expr(v: Any) -> str:
+        return str(v.node.expr) if isinstance(v, torch.SymInt) else str(v)
+
+    out = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            out.append(f"{x.dtype} size ({', '.join(map(expr, x.size()))}) stride "
+                       f"({', '.join(map(expr, x.stride()))}) offset {expr(x.storage_offset())}")
+        else:
+            out.append(f"{type(x).__name__} {expr(x)}")
+    return out
+
+
+def check_compile_agrees(settings, example_inputs: Sequence[Any], *, ranks: Sequence[int] | None = None,
+                         timeout_s: float) -> list[str]:
+    """One preparation collective a compile: fail on every rank, naming the knob, if decision
+    knobs differ across ranks; return how the graph's inputs were specialised differently across
+    ranks (``input_signature``; empty where every rank's is the same). Where they differ, so do
+    Dynamo's guards: a later call may recompile on some ranks only, and their collectives then
+    wait on each other until a timeout."""
+    mine = {"knobs": settings.decision_dict(), "inputs": input_signature(example_inputs)}
+    every = agree("knob check", mine, ranks=ranks, timeout_s=timeout_s)
+    ranks = list(ranks) if ranks is not None else list(range(len(every)))
     diffs = []
-    for name in sorted(mine):
-        values = {r: kn.get(name) for r, kn in zip(ranks, all_knobs)}
+    for name in sorted(mine["knobs"]):
+        values = {r: theirs["knobs"].get(name) for r, theirs in zip(ranks, every)}
         if len({repr(v) for v in values.values()}) > 1:
             env = "TPFLARE_" + name.upper()
             diffs.append(f"{env} differs across ranks: " + ", ".join(
@@ -141,6 +164,15 @@ def check_knobs_agree(settings, *, ranks: Sequence[int] | None = None, timeout_s
         raise KnobMismatchError(
             "tpflare knobs must be identical on every rank (they decide rewrites and "
             "compositions): " + "; ".join(diffs))
+    inputs = []
+    for i, sig in enumerate(mine["inputs"]):
+        values = {r: theirs["inputs"][i] if i < len(theirs["inputs"]) else "absent"
+                  for r, theirs in zip(ranks, every)}
+        if len(set(values.values())) > 1:
+            inputs.append(f"input {i}: " + "; ".join(f"rank {r} {v}" for r, v in values.items()))
+    if any(len(theirs["inputs"]) != len(mine["inputs"]) for theirs in every):
+        inputs.append("input count: " + ", ".join(f"rank {r} {len(t['inputs'])}" for r, t in zip(ranks, every)))
+    return inputs
 
 
 def device_of_backend(group_name: str) -> torch.device:

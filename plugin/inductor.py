@@ -30,7 +30,8 @@ import torch.distributed as dist
 from torch import fx
 
 from .config import Settings, config
-from .distributed import check_knobs_agree, is_distributed
+from .distributed import check_compile_agrees, is_distributed
+from .reporting import record
 
 log = logging.getLogger("tpflare.inductor")
 
@@ -86,9 +87,13 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], *, config_patc
 
     settings = settings or config.resolve()
     multi_rank = is_distributed() and dist.get_world_size() > 1
-    if multi_rank:
-        check_knobs_agree(settings, timeout_s=settings.prep_timeout)
     graph_id = f"g{next(_graph_counter)}"
+    if multi_rank:
+        traced = [n.meta.get("val", n.meta.get("example_value"))  # (as Dynamo traced them)
+                  for n in gm.graph.nodes if n.op == "placeholder"]
+        differs = check_compile_agrees(settings, traced, timeout_s=settings.prep_timeout)
+        if differs:
+            _warn_inputs_differ(graph_id, differs)
     work = _copy_graph_module(gm)
     inputs = list(example_inputs)
     select_binding.bind_select_sites(work, inputs, settings, graph_id=graph_id)
@@ -108,6 +113,20 @@ def compile_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], *, config_patc
     finally:
         latent.release()
     return _warn_on_knob_change(compiled, settings, graph_id)
+
+
+def _warn_inputs_differ(graph_id: str, differs: list[str]) -> None:
+    """Ranks compiled this graph with inputs specialised differently (sizes, strides, storage
+    offsets; a value one rank shares with another size under duck sizing): Dynamo's guards differ,
+    so a later call may recompile on some ranks only while the others enter the graph's
+    collectives. Plain Inductor compiles it too: a warning and a report record, not a refusal."""
+    reason = ("inputs specialised differently across ranks, so Dynamo's guards differ and a later call "
+              "may recompile on some ranks only (their collectives then wait until a timeout): "
+              + " | ".join(differs))
+    advice = ("give every rank inputs of the same sizes, strides and storage offsets, or call "
+              "torch.compiler.set_enable_guard_collectives(True) so that every rank recompiles when one does")
+    record("compile", "warned", site=graph_id, reason=reason, advice=advice)
+    log.warning("tpflare: graph %s: %s; %s", graph_id, reason, advice)
 
 
 def _warn_on_knob_change(compiled, settings: Settings, graph_id: str):
