@@ -133,14 +133,16 @@ def input_signature(example_inputs: Sequence[Any]) -> list[str]:
     def expr(v: Any) -> str:
         return str(v.node.expr) if isinstance(v, torch.SymInt) else str(v)
 
-    out = []
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            out.append(f"{x.dtype} size ({', '.join(map(expr, x.size()))}) stride "
-                       f"({', '.join(map(expr, x.stride()))}) offset {expr(x.storage_offset())}")
-        else:
-            out.append(f"{type(x).__name__} {expr(x)}")
-    return out
+    def describe(x: Any) -> str:
+        if not isinstance(x, torch.Tensor):
+            return f"{type(x).__name__} {expr(x)}"
+        try:
+            layout = f"stride ({', '.join(map(expr, x.stride()))}) offset {expr(x.storage_offset())}"
+        except Exception:  # a tensor subclass without strides or storage (its sizes still say much)
+            layout = "layout unknown"
+        return f"{type(x).__name__} {x.dtype} size ({', '.join(map(expr, x.size()))}) {layout}"
+
+    return [describe(x) for x in example_inputs]
 
 
 def check_compile_agrees(settings, example_inputs: Sequence[Any], *, ranks: Sequence[int] | None = None,
