@@ -4,9 +4,9 @@ kernel source (``VARIANTS``), written out as a module file that ``bench/block_ab
 ``tests/test_select_block_cpu.py --block-module`` take.
 
     python3 bench/block_variants.py --out /tmp/variants              # every variant
-    python3 bench/block_variants.py --out /tmp/variants scan match   # some; "a+b" combines them
-    python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/variants/scan+match.py
-    python3 bench/block_ab.py --old /tmp/variants/scan+match.py --out ab.json   # (GPU)
+    python3 bench/block_variants.py --out /tmp/variants match rank_keys   # some; "a+b" combines them
+    python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/variants/match+rank_keys.py
+    python3 bench/block_ab.py --old /tmp/variants/match+rank_keys.py --out ab.json   # (GPU)
 
 An edit names the lines it replaces by their first and last (the first held by one line of the
 shipped module); where the module has changed under it, writing the variant raises. What each one is for, and what was measured:
@@ -33,41 +33,6 @@ class Sub:
     pattern: str
     repl: str
     count: int
-
-# the winners' slots from one scan of the threads' winner counts, not a ballot and an atomic on
-# one shared counter for each warp and slot (session 24's profile: 7,900 of 44,900 cycles a block
-# at 1024 x 16384)
-_SCAN = [
-    ("// the winners to shared memory: packed key", "for (int t = 0; t < ITEMS; ++t) {", """\
-  // the winners to shared memory: packed key (score key above inverted id), position; a thread's
-  // winners in slot order from its offset in a scan of the threads' counts (sm.mem: free until
-  // the ordering)
-  u32 wins = 0;
-#pragma unroll
-  for (int t = 0; t < ITEMS; ++t) {
-"""),
-    ("u32 bal = __ballot_sync(FULL, win);", "__syncthreads();", """\
-    wins |= (u32)win << t;
-  }
-  {
-    constexpr int E = 2048 / THREADS;  // (scan2048's entries a thread: its own, read before its first barrier)
-    sm.mem[tid * E] = __popc(wins);
-#pragma unroll
-    for (int e = 1; e < E; ++e) sm.mem[tid * E + e] = 0;
-    scan2048(sm.mem, sm);
-    int slot = sm.mem[tid * E];
-#pragma unroll
-    for (int t = 0; t < ITEMS; ++t) {
-      if ((wins >> t) & 1u) {
-        sm.wkey[slot] = ((i64)u[t] << 31) | (i64)(0x7FFFFFFFu - (u32)id[t]);
-        sm.wpos[slot] = t * THREADS + tid;
-        ++slot;
-      }
-    }
-  }
-  __syncthreads();
-"""),
-]
 
 # a histogram pass's shared atomics, one a bin a warp: the lanes whose candidate falls in one bin
 # (__match_any_sync) add their count through the lowest of them. Random normal scores' first
@@ -100,85 +65,6 @@ _PEEL = [
 _LB2_512 = [
     ("__launch_bounds__(THREADS, 1)", "__launch_bounds__(THREADS, 1)",
      'extern "C" __global__ void __launch_bounds__(THREADS, THREADS == 512 ? 2 : 1)\n'),
-]
-
-# two blocks an SM for rows of 8193-16384: the row's score keys in dynamic shared memory (64 KB,
-# which the ordering's second level takes after the winners are written) and its ids read again
-# where needed, so that a tile of 512 threads of 32 candidates fits 64 registers a thread; its
-# two blocks an SM hold 2 x 106 KB of shared memory. Session 24's profile: a block of the
-# 1024-thread tile is mostly latency (the same cycles at 64 rows as at 1024), and two blocks an SM
-# took the 512 tile's time to 0.73x at 1024 x 8192. The tile keeps its name (1024) in the plans.
-_SMEM_KEYS = [
-    ("DYN_BYTES = MAX_K * 8 * 2 + MAX_K * 4", "DYN_BYTES = ", """\
-DYN_BYTES = max(MAX_K * 8 * 2 + MAX_K * 4, 4 * TILE_N)  # the row's keys; then the ordering's second level
-SHAPE = {256: (256, 16), 512: (512, 16), 1024: (512, 32)}  # a tile's threads, and candidates a thread
-"""),
-    ('return (f"#define THREADS {int(threads)}', "#define THREADS {int(threads)}", """\
-    return (f"#define THREADS {SHAPE[int(threads)][0]}\\n#define ITEMS {SHAPE[int(threads)][1]}\\n#define KMAX {MAX_K}\\n"
-"""),
-    ("grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,", "block=(t, 1, 1)", """\
-            grid=(q, 1, 1), block=(SHAPE[t][0], 1, 1), shared_mem=DYN_BYTES,
-"""),
-    ('compile_tile(t1, dev.index, "chunks")(', "block=(t1, 1, 1), shared_mem=0,", """\
-    compile_tile(t1, dev.index, "chunks")(  # (the row's keys in dynamic shared memory)
-        grid=(q, chunks, 1), block=(SHAPE[t1][0], 1, 1), shared_mem=DYN_BYTES,
-"""),
-    ("grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,", "block=(t2, 1, 1)", """\
-        grid=(q, 1, 1), block=(SHAPE[t2][0], 1, 1), shared_mem=DYN_BYTES,
-"""),
-    # 64 KB is past 48: torch's launcher refuses it unless the kernel's own record says so (H200, session 27)
-    ("rc = _driver_library()().cuFuncSetAttribute(", "CUDA error {rc}", """\
-                    kern.set_shared_memory_config(DYN_BYTES)  # (sets the attribute, and torch's record of it)
-"""),
-    ("__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS]", "radix_select(const u32 (&key)", """\
-// a thread's candidate slots as a function of the slot (read like a register array: s[t])
-template <class F>
-struct Slots {
-  F f;
-  __device__ __forceinline__ decltype(auto) operator[](int t) const { return f(t); }
-};
-template <class F>
-__device__ __forceinline__ Slots<F> slots(F f) { return Slots<F>{f}; }
-
-template <class K>
-__device__ __forceinline__ void radix_select(const K& key, u32 play, int need, int total, int narrow,
-"""),
-    ("const bool span = THREADS == 1024;", "const bool span", """\
-    const bool span = THREADS * ITEMS == 16384;
-"""),
-    ("__launch_bounds__(THREADS, 1)", "__launch_bounds__(THREADS, 1)", """\
-extern "C" __global__ void __launch_bounds__(THREADS, THREADS * ITEMS == 16384 ? 2 : 1)
-"""),
-    ("  u32 u[ITEMS];", "  int id[ITEMS];", """\
-  u32* const keys = reinterpret_cast<u32*>(dyn);  // the row's score keys, slot t of thread tid at t * THREADS + tid
-  const auto u = slots([&](int t) -> u32& { return keys[t * THREADS + tid]; });
-  const auto id = slots([&](int t) -> int {
-    const int p = t * THREADS + tid;
-    return p < N ? __ldg(irow + p) : -1;
-  });
-"""),
-    ("id[t] = p < N ? __ldg(irow + p) : -1;", "if (id[t] >= 0) {", """\
-    const int idt = p < N ? __ldg(irow + p) : -1;
-    u[t] = order_key(b, idt);
-    if (idt >= 0) {
-"""),
-    ("u32 v[ITEMS];", "v[t] = 0x7FFFFFFFu - (u32)id[t];", """\
-      const auto v = slots([&](int t) -> u32 { return 0x7FFFFFFFu - (u32)id[t]; });
-      u32 play = 0;
-#pragma unroll
-      for (int t = 0; t < ITEMS; ++t) {
-"""),
-    ("u32 w[ITEMS];", "w[t] = ~(u32)position(t * THREADS + tid);", """\
-        const auto w = slots([&](int t) -> u32 { return ~(u32)position(t * THREADS + tid); });
-        u32 play3 = 0;
-#pragma unroll
-        for (int t = 0; t < ITEMS; ++t) {
-          if (((play >> t) & 1u) && v[t] == T2) {
-            play3 |= 1u << t;
-"""),
-    # the loops over a thread's slots unrolled by 8, not whole: whole, nvcc keeps 112 registers (248 /
-    # 800 bytes spilled at 64); by 8, 55 and none spilled (nvcc 13.0, sm_90)
-    Sub(r"#pragma unroll\n(\s*for \(int t = 0; t < ITEMS; \+\+t\))", r"#pragma unroll 8\n\1", 6),
 ]
 
 # radix select by digits of up to 11 bits, not 8: three passes for a 32-bit key, not four; the
@@ -260,380 +146,6 @@ _RANK_KEYS = [
 """),
 ]
 
-# a block scan in CUDA for the kernels of the sampled and spread variants: the Python text that defines
-# BLOCK_SCAN in a variant's module (either variant's edits carry it)
-_BLOCK_SCAN_DEF = '''
-BLOCK_SCAN = r"""
-// the exclusive sum over a block of T threads of v (one value a thread), and the block's total
-// (wsum: T / 32 + 1 ints of shared memory, free again on return)
-template <int T>
-__device__ __forceinline__ int block_scan(int v, int* wsum, int& total) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(FULL, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) wsum[warp] = incl;
-  __syncthreads();
-  if (tid < 32) {
-    const int w = tid < T / 32 ? wsum[tid] : 0;
-    int wi = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(FULL, wi, o);
-      if (tid >= o) wi += y;
-    }
-    if (tid < T / 32) wsum[tid] = wi - w;
-    if (tid == 31) wsum[T / 32] = wi;
-  }
-  __syncthreads();
-  total = wsum[T / 32];
-  const int ex = wsum[warp] + incl - v;
-  __syncthreads();
-  return ex;
-}
-"""
-'''
-
-# rows in chunks (beyond 16384, or a shorter chunk): a sampled keep instead of a whole selection a
-# chunk. Kernel "sample" (a block a row) sorts an even sample of the row's packed keys (2048, or
-# the row) and takes as the cutoff the key that should leave about 2 k of the row at or above it;
-# kernel "keep" (a block of 256 threads a 4096 candidates) sends every candidate at or above the
-# cutoff to a workspace row with its position (a block scan, one global atomic a block); the row's
-# last block (a ticket) writes the row's status: the kept count, or -1 where the kept ones may
-# miss a winner (fewer than min(k, valid)) or do not fit the workspace row. The chunks kernel runs
-# only for rows of -1 (kind chunks_gated) and fills the same workspace; the merge (merge_gated)
-# orders the kept ones or the chunks' winners. Exact either way: where at least min(k, valid)
-# candidates reach a packed key, the best k are among them (equal packed keys are all kept).
-# Session 23: at 1024 rows of 20000-32768 (mass ties) the block path took 0.89-0.92x fp32 topk's
-# speed, and at 64-1024 rows of 65536-131072 the row kernel won: each chunk costs about a whole
-# 16384 row.
-_SAMPLED = [
-    ("_POS_IN, _UNORDERED = 1, 2", 'KINDS = {"row": 0,', """\
-_POS_IN, _UNORDERED, _GATED = 1, 2, 4  # SOURCE's MODE bits
-_SAMPLE, _KEEP = 8, 16  # SAMPLED_SOURCES' kernels (MODE: a kind's number only)
-KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNORDERED | _GATED,
-         "merge_gated": _POS_IN | _GATED, "sample": _SAMPLE, "keep": _KEEP}
-SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 1024, 256, 16  # the sample's and the keep's blocks
-KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
-SAMPLED_TARGET, SAMPLED_WIDTH = 2.0, 4.0  # x k: what the sample aims to keep a row; the workspace row (the merge's most)
-
-
-def sampled_sizes(chunks: int, kc: int, k: int) -> tuple[int, int]:
-    # the sampled keep's workspace row (the kept candidates, or the chunks' winners where the keep
-    # may miss one), and what the sample aims to keep a row
-    w = max(chunks * kc, min(TILE_N, int(SAMPLED_WIDTH * k)))
-    return w, max(1, min(int(SAMPLED_TARGET * k), 3 * w // 4))
-"""),
-    ('return (("row", tile(n)),) if chunks == 1', 'return (("row", tile(n)),) if chunks == 1', """\
-    if chunks == 1:
-        return (("row", tile(n)),)
-    w = sampled_sizes(chunks, kc, k)[0]  # block_select's workspace row
-    return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), ("chunks_gated", tile(chunk)), ("merge_gated", tile(w)))
-"""),
-    ('f"#define POS_IN {_POS_IN}', "+ SOURCE)", """\
-            f"#define POS_IN {_POS_IN}\\n#define UNORDERED {_UNORDERED}\\n#define GATED {_GATED}\\n"
-            f"#define SB {SAMPLE_THREADS}\\n#define KB {KEEP_THREADS}\\n#define KI {KEEP_ITEMS}\\n"
-            f"#define MODE {KINDS[kind]}\\n" + SAMPLED_SOURCES.get(kind, SOURCE))
-"""),
-    ("int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {",
-     "int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {", """\
-                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
-                    const int* __restrict__ stat) {
-"""),
-    ("if (mode & UNORDERED) N = min(chunk, N - base);", "if (mode & UNORDERED) N = min(chunk, N - base);", """\
-  if (mode & UNORDERED) N = min(chunk, N - base);
-#if MODE & GATED  // after the sampled keep: the row's kept count, or -1 where the chunks serve the row
-  {
-    const int nkeep = __ldg(stat + row * 4 + 3);
-    if ((mode & UNORDERED) && nkeep >= 0) return;  // (the whole block, before any barrier)
-    if (!(mode & UNORDERED) && nkeep >= 0) N = nkeep;
-  }
-#endif
-"""),
-    ("_KERNELS: dict = {}  # (device index, threads, kind)", "_KERNELS: dict = {}", _BLOCK_SCAN_DEF + """\
-_SAMPLED_HEAD = r'''
-// the sampled keep (kinds sample and keep): blocks of their own sizes (SB; KB x KI: source(...) defines them)
-typedef unsigned int u32;
-typedef long long i64;
-typedef unsigned long long u64;
-#define FULL 0xffffffffu
-#define SAMPLES 2048
-
-''' + ORDER_KEY + r'''
-// the packed key (score key above inverted id, as SOURCE's winners); 0: invalid (id < 0)
-__device__ __forceinline__ u64 packed_key(int bits, int id) {
-  return id < 0 ? 0 : ((u64)order_key(bits, id) << 31) | (u64)(0x7FFFFFFFu - (u32)id);
-}
-''' + BLOCK_SCAN
-SAMPLED_SOURCES = {"sample": _SAMPLED_HEAD + r'''
-// a block a row: the packed keys of S = min(N, SAMPLES) evenly spaced candidates, sorted (bitonic,
-// descending); the cutoff is the r-th, r = ceil(target S / N): about target of the row at or above
-// it. Resets the row's status for the keep.
-static_assert(SB * 2 == SAMPLES, "a thread compares one pair a step");
-extern "C" __global__ void __launch_bounds__(SB, 1)
-tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, u64* __restrict__ cut,
-                    int* __restrict__ stat, int N, int target, int s_sq, int s_iq) {
-  __shared__ u64 key[SAMPLES];
-  const int tid = threadIdx.x;
-  const i64 row = blockIdx.x;
-  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
-  const int* irow = ids + row * s_iq;
-  const int S = min(N, SAMPLES);
-  for (int j = tid; j < SAMPLES; j += SB) {
-    u64 kk = 0;
-    if (j < S) {
-      const int p = (int)((i64)j * N / S);
-      kk = packed_key(__ldg(srow + p), __ldg(irow + p));
-    }
-    key[j] = kk;
-  }
-  for (int size = 2; size <= SAMPLES; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      __syncthreads();
-      const int i = 2 * tid - (tid & (stride - 1));
-      const u64 a = key[i], b = key[i + stride];
-      if ((a < b) == ((i & size) == 0)) {
-        key[i] = b;
-        key[i + stride] = a;
-      }
-    }
-  }
-  __syncthreads();
-  if (tid == 0) {
-    const i64 r = S > 0 ? min((i64)S, max((i64)1, ((i64)target * S + N - 1) / N)) : 1;
-    cut[row] = key[r - 1];  // (0, an invalid sample: every valid candidate is kept)
-    for (int j = 0; j < 4; ++j) stat[row * 4 + j] = 0;
-  }
-}
-''', "keep": _SAMPLED_HEAD + r'''
-// grid (rows, blocks of KB threads x KI candidates): the candidates at or above the row's cutoff to
-// slots [0, cap) of the workspace row; stat[row]: kept, valid, blocks done, then (the last block)
-// the status: the kept count where they hold the winners and fit, else -1
-extern "C" __global__ void __launch_bounds__(KB)
-tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const u64* __restrict__ cut,
-                    int* __restrict__ stat, int* __restrict__ w_ids, float* __restrict__ w_sc,
-                    int* __restrict__ w_pos, int N, int cap, int K, int s_sq, int s_iq, int s_w) {
-  __shared__ int wsum[KB / 32 + 1];
-  __shared__ int first;  // the block's first slot in the workspace row
-  const int tid = threadIdx.x;
-  const i64 row = blockIdx.x;
-  const int base = blockIdx.y * (KB * KI);
-  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
-  const int* irow = ids + row * s_iq;
-  const u64 c = __ldg(cut + row);
-  int bits[KI], id[KI];
-  u32 keep = 0;
-  int nv = 0;
-#pragma unroll
-  for (int t = 0; t < KI; ++t) {
-    const int p = base + t * KB + tid;
-    bits[t] = p < N ? __ldg(srow + p) : 0;
-    id[t] = p < N ? __ldg(irow + p) : -1;
-    if (id[t] >= 0) {
-      ++nv;
-      if (packed_key(bits[t], id[t]) >= c) keep |= 1u << t;
-    }
-  }
-  int nkept, nvalid;
-  int slot = block_scan<KB>(__popc(keep), wsum, nkept);
-  block_scan<KB>(nv, wsum, nvalid);
-  if (tid == 0) {  // the block's slots: one atomic on the row's count
-    first = atomicAdd(stat + row * 4, nkept);
-    atomicAdd(stat + row * 4 + 1, nvalid);
-  }
-  __syncthreads();
-  slot += first;
-#pragma unroll
-  for (int t = 0; t < KI; ++t) {
-    if ((keep >> t) & 1u) {
-      if (slot < cap) {
-        w_ids[row * s_w + slot] = id[t];
-        reinterpret_cast<int*>(w_sc)[row * s_w + slot] = bits[t];
-        w_pos[row * s_w + slot] = base + t * KB + tid;
-      }
-      ++slot;
-    }
-  }
-  if (tid == 0) {  // the row's last block writes its status
-    __threadfence();
-    const int done = atomicAdd(stat + row * 4 + 2, 1);
-    if (done == (int)gridDim.y - 1) {
-      __threadfence();
-      const int kept = atomicAdd(stat + row * 4, 0), valid = atomicAdd(stat + row * 4 + 1, 0);
-      stat[row * 4 + 3] = (kept <= cap && (kept >= K || kept == valid)) ? kept : -1;
-    }
-  }
-}
-'''}
-
-_KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
-"""),
-    ("args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n,", "out_ids.stride(0), out_sc.stride(0), 0])", """\
-            args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
-                  out_ids.stride(0), out_sc.stride(0), 0, out_ids])
-"""),
-    ("m = chunks * kc  # the merge's candidates a row", "return out_ids, out_sc", """\
-    m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
-    w, target = sampled_sizes(chunks, kc, k)
-    w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
-    w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)
-    w_pos = torch.empty((q, w), dtype=torch.int32, device=dev)
-    cut = torch.empty((q,), dtype=torch.int64, device=dev)
-    stat = torch.empty((q, 4), dtype=torch.int32, device=dev)
-    compile_tile(SAMPLE_THREADS, dev.index, "sample")(
-        grid=(q, 1, 1), block=(SAMPLE_THREADS, 1, 1), shared_mem=0,
-        args=[scores, ids, cut, stat, n, target, scores.stride(0), ids.stride(0)])
-    compile_tile(KEEP_THREADS, dev.index, "keep")(
-        grid=(q, -(-n // (KEEP_THREADS * KEEP_ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
-        args=[scores, ids, cut, stat, w_ids, w_sc, w_pos, n, w, k, scores.stride(0), ids.stride(0), w])
-    t1, t2 = tile(chunk), tile(w)
-    shape = globals().get("SHAPE")  # (with smem_keys: a tile's threads; the chunks' keys in shared memory)
-    b1, b2, smem1 = (shape[t1][0], shape[t2][0], DYN_BYTES) if shape else (t1, t2, 0)
-    compile_tile(t1, dev.index, "chunks_gated")(  # (rows whose keep may miss a winner; the others return)
-        grid=(q, chunks, 1), block=(b1, 1, 1), shared_mem=smem1,
-        args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, w, w, w, stat])
-    compile_tile(t2, dev.index, "merge_gated")(
-        grid=(q, 1, 1), block=(b2, 1, 1), shared_mem=DYN_BYTES,
-        args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, w, w, w, out_ids.stride(0), out_sc.stride(0), 0,
-              stat])
-    if STATS is not None:
-        STATS.append(stat)
-    return out_ids, out_sc
-
-
-STATS = None  # a list: each chunked call appends its rows' status (tests: which rows the keep served)
-"""),
-]
-
-# sampled with a cheap sample: 512 keys (not 2048) in a block of 256 threads (not 1024), and the
-# cutoff (the r-th largest) found by counting, each thread its two keys against all 512 (one shared
-# broadcast load a key), not by a bitonic sort of 66 barrier steps. Session 27: the sort's sample
-# took 126-143 µs at 1024 rows of 16384-32768 and 20 at 64 x 131072, as much as a whole selection;
-# the keep and the merge alone took 340-370 at 1024 x 32768, less than the shipped path's 389 (random)
-# and 567 (ties). 512 keys: about 64 above the cutoff at 32768 candidates (a spread of about 1/8),
-# 16 at 131072 (about 1/4), where a row the sample misjudges falls back to the chunks.
-_COUNT_SAMPLE = [
-    Sub(r"SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 1024, 256, 16  # the sample's and the keep's blocks",
-        "SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 256, 256, 16  # the sample's and the keep's blocks\n"
-        "SAMPLES = 512  # the sample's keys a row at most (the kernels' SAMPLES)", 1),
-    Sub(r"#define SAMPLES 2048", "#define SAMPLES 512", 1),
-    Sub(r"(?s)// a block a row: the packed keys of S = min\(N, SAMPLES\) evenly spaced candidates, sorted.*?"
-        r"extern \"C\" __global__ void __launch_bounds__\(SB, 1\)\n", r"""// a block of SB threads a row: the packed keys of S = min(N, SAMPLES) evenly spaced candidates, SK a
-// thread; the cutoff is the r-th largest, r = ceil(target S / N) (about target of the row at or above
-// it), found by counting: the key with fewer than r keys above it and at least r at or above it
-// (equal keys, a duplicate id's, write the same value). Resets the row's status for the keep.
-static_assert(SAMPLES % SB == 0, "SK keys a thread");
-#define SK (SAMPLES / SB)
-extern "C" __global__ void __launch_bounds__(SB)
-""", 1),
-    Sub(r"(?s)(  const int S = min\(N, SAMPLES\);\n)  for \(int j = tid; j < SAMPLES; j \+= SB\) \{.*?\n(''', \"keep\": )",
-        r"""\1  u64 mine[SK];
-#pragma unroll
-  for (int m = 0; m < SK; ++m) {
-    const int j = m * SB + tid;
-    mine[m] = 0;
-    if (j < S) {
-      const int p = (int)((i64)j * N / S);
-      mine[m] = packed_key(__ldg(srow + p), __ldg(irow + p));
-    }
-    key[j] = mine[m];
-  }
-  if (tid < 4) stat[row * 4 + tid] = 0;
-  if (S == 0 && tid == 0) cut[row] = 0;  // (no candidate: every valid one is kept)
-  __syncthreads();
-  const i64 r = min((i64)S, max((i64)1, ((i64)target * S + N - 1) / max(N, 1)));
-  int gt[SK], ge[SK];
-#pragma unroll
-  for (int m = 0; m < SK; ++m) gt[m] = ge[m] = 0;
-  for (int j = 0; j < S; ++j) {
-    const u64 o = key[j];
-#pragma unroll
-    for (int m = 0; m < SK; ++m) {
-      gt[m] += o > mine[m];
-      ge[m] += o >= mine[m];
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < SK; ++m)
-    if (m * SB + tid < S && gt[m] < r && r <= ge[m]) cut[row] = mine[m];
-}
-\2""", 1),
-]
-
-# the keep by warps: each warp of a keep block on its 512 candidates alone (item t of lane l at
-# 32 t + l: a load of a slot is 128 consecutive bytes), its kept count and first slot from one atomic
-# on the row's count, its kept written in slot order by a ballot a slot (consecutive lanes, consecutive
-# slots), and the row's last warp (a ticket a warp) writing the status. No block scan, no barrier, no
-# thread waiting on another's atomic. Session 27: the block keep took 145-147 µs at 1024 x 16384 (a
-# quarter of the row kept) and 34 at 64 x 131072 (1/32 kept), 0.2x the time for 0.5x the blocks: the
-# cost follows what is kept, which the block keep stores a thread's kept at a time, scattered
-# (a thread's slots follow its lower neighbours' counts).
-_KEEP_WARP = [
-    Sub(r"(?s)// grid \(rows, blocks of KB threads x KI candidates\): the candidates at or above the row's cutoff to\n.*?"
-        r"(extern \"C\" __global__ void __launch_bounds__\(KB\)\n)", r"""// grid (rows, blocks of KB threads x KI candidates), each warp on its own 32 x KI: the candidates at
-// or above the row's cutoff to slots [0, cap) of the workspace row with their positions; stat[row]:
-// kept, valid, warps done, then (the row's last warp) the status: the kept count where they hold the
-// winners and fit, else -1
-\1""", 1),
-    Sub(r"  __shared__ int wsum\[KB / 32 \+ 1\];\n  __shared__ int first;[^\n]*\n  const int tid = threadIdx.x;\n",
-        "  const int lane = threadIdx.x & 31;\n", 1),
-    Sub(r"  const int base = blockIdx.y \* \(KB \* KI\);\n",
-        "  const int base = blockIdx.y * (KB * KI) + (threadIdx.x >> 5) * (32 * KI);  // the warp's first candidate\n", 1),
-    Sub(r"    const int p = base \+ t \* KB \+ tid;\n", "    const int p = base + t * 32 + lane;\n", 1),
-    Sub(r"(?s)  int nkept, nvalid;\n  int slot = block_scan<KB>.*?\n(  if \(tid == 0\) \{  // the row's last block writes its status\n)",
-        r"""  const int kept = __reduce_add_sync(FULL, __popc(keep)), valid = __reduce_add_sync(FULL, nv);
-  int slot = 0;
-  if (lane == 0) {  // the warp's slots: one atomic on the row's count
-    if (kept) slot = atomicAdd(stat + row * 4, kept);
-    if (valid) atomicAdd(stat + row * 4 + 1, valid);
-  }
-  slot = __shfl_sync(FULL, slot, 0);
-#pragma unroll
-  for (int t = 0; t < KI; ++t) {
-    const u32 b = __ballot_sync(FULL, (keep >> t) & 1u);
-    if ((keep >> t) & 1u) {
-      const int at = slot + __popc(b & ((1u << lane) - 1u));
-      if (at < cap) {
-        w_ids[row * s_w + at] = id[t];
-        reinterpret_cast<int*>(w_sc)[row * s_w + at] = bits[t];
-        w_pos[row * s_w + at] = base + t * 32 + lane;
-      }
-    }
-    slot += __popc(b);
-  }
-\1""", 1),
-    Sub(r"  if \(tid == 0\) \{  // the row's last block writes its status\n(    __threadfence\(\);\n[^\n]*\n)"
-        r"    if \(done == \(int\)gridDim.y - 1\) \{\n",
-        r"  if (lane == 0) {  // the row's last warp writes its status\n\1"
-        r"    if (done == (int)gridDim.y * (KB / 32) - 1) {\n", 1),
-    Sub(r"const int kept = atomicAdd\(stat \+ row \* 4, 0\), valid = atomicAdd\(stat \+ row \* 4 \+ 1, 0\);\n"
-        r"      stat\[row \* 4 \+ 3\] = \(kept <= cap && \(kept >= K \|\| kept == valid\)\) \? kept : -1;",
-        "const int kall = atomicAdd(stat + row * 4, 0), vall = atomicAdd(stat + row * 4 + 1, 0);\n"
-        "      stat[row * 4 + 3] = (kall <= cap && (kall >= K || kall == vall)) ? kall : -1;", 1),
-]
-
-# sampled, and rows of one block too, from SAMPLED_ROWS rows and 8 k candidates (a 16384 row at k =
-# 2048): the sampled keep leaves the merge about 2 k of the row (its load and score level a quarter
-# of the row's), and the keep's blocks read the row at the memory's pace. Session 24's profile: a
-# 1024 x 16384 block spends 9,000 of 45,000 cycles loading and 11,000 on the score level
-_SAMPLED_ROWS = [
-    Sub(r"    if chunks == 1:\n        t = tile\(n\)", """\
-    if chunks == 1 and not (q >= SAMPLED_ROWS and n >= 8 * k):
-        t = tile(n)""", 1),
-    ("STATS = None  # a list", "STATS = None  # a list", """\
-STATS = None  # a list: each chunked call appends its rows' status (tests: which rows the keep served)
-SAMPLED_ROWS = 256  # rows of one block: the sampled keep from this many rows
-"""),
-]
-
-# sampled_rows with a tighter keep: about 1.5 k kept a row in a workspace row of 2 k (4096 at k = 2048,
-# the 256-thread merge where the chunks' winners fit it), so the merge loads and selects less and
-# its tile is smaller; more rows fall back to the chunks where the sample is sparse (about 48 of
-# 2048 samples above the cutoff at 131072 candidates)
-_TIGHT = [Sub(r"SAMPLED_TARGET, SAMPLED_WIDTH = 2\.0, 4\.0", "SAMPLED_TARGET, SAMPLED_WIDTH = 1.5, 2.0", 1)]
 
 # a row of one block at up to SPREAD_ROWS rows (the Triton staged path's shapes, 1-4 rows) spread
 # over blocks of 2048 candidates, in NVRTC kernels (the staged path's Triton plans compile in
@@ -659,10 +171,10 @@ def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None)
     path's kernels."""
     if q is not None and q <= SPREAD_ROWS and chunking(n, k, chunk)[0] == 1:
         return (("hist", SPREAD_THREADS), ("compact", SPREAD_THREADS), ("finish", tile(n)), ("rank", SPREAD_THREADS))
-    return _plan_kernels_one_path(n, k, chunk)
+    return _plan_kernels_one_path(n, k, chunk, q)
 
 
-def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None) -> tuple[tuple[str, int], ...]:
+def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None, q: int | None = None) -> tuple[tuple[str, int], ...]:
 '''),
     ("auto position = [&](int p) -> int {", "auto position = [&](int p) -> int {", """\
   int spread_nab = 0;  // (the spread path's finish: where its output starts in the row)
@@ -681,7 +193,7 @@ def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None) -> tuple[tu
   int* orow = out_ids + row * s_oi + spread_nab;
   int* osrow = reinterpret_cast<int*>(out_sc) + row * s_os + spread_nab;
 """),
-    ("def compile_tile(", "def compile_tile(", _BLOCK_SCAN_DEF + '''\
+    ("def compile_tile(", "def compile_tile(", '''\
 _source_one_path = source
 
 
@@ -870,11 +382,9 @@ def _spread_select(scores, ids, k, out_ids, out_sc):
         grid=(q, blocks, 1), block=b, shared_mem=0,
         args=[scores, ids, ghist, gfill, gofs, st, wkey, wpos, p_sc, p_id, p_pos, n, k, scores.stride(0), ids.stride(0)])
     t = tile(n)
-    shape = globals().get("SHAPE")  # (combined with smem_keys: a tile's threads)
-    more = [st] if "const int* __restrict__ stat) {" in SOURCE else []  # (combined with sampled: its gate's argument)
     compile_tile(t, dev.index, "finish")(  # (the merge kernel on the in-play list; out_pos: the rows' status)
-        grid=(q, 1, 1), block=(shape[t][0] if shape else t, 1, 1), shared_mem=DYN_BYTES,
-        args=[p_sc, p_id, p_pos, out_ids, out_sc, st, n, k, n, n, n, n, out_ids.stride(0), out_sc.stride(0), 0, *more])
+        grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
+        args=[p_sc, p_id, p_pos, out_ids, out_sc, st, n, k, n, n, n, n, out_ids.stride(0), out_sc.stride(0), 0, st])
     compile_tile(SPREAD_THREADS, dev.index, "rank")(
         grid=(q, -(-k // SPREAD_THREADS), 1), block=b, shared_mem=0,
         args=[scores, ghist, gofs, st, wkey, wpos, out_ids, out_sc, k, scores.stride(0), out_ids.stride(0),
@@ -1022,12 +532,12 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
-VARIANTS = {"scan": _SCAN, "match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "smem_keys": _SMEM_KEYS,
-            "digits11": _DIGITS11, "rank_keys": _RANK_KEYS, "sampled": _SAMPLED,
-            "sampled_rows": _SAMPLED + _SAMPLED_ROWS, "sampled_rows_tight": _SAMPLED + _SAMPLED_ROWS + _TIGHT,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "sampled_count": _SAMPLED + _COUNT_SAMPLE,
-            "sampled_fast": _SAMPLED + _COUNT_SAMPLE + _KEEP_WARP,
-            "prefetch512": _PREFETCH + _PREFETCH_512}
+# (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
+# shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
+# sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
+# are in the repository's history)
+VARIANTS = {"match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -7,9 +7,9 @@ the GPU tests' ``ref_packed`` and, where the variant counts them, the rows its c
 
     python3 bench/block_variants.py --out /tmp/v sampled_rows spread
     python3 bench/launch_phases.py --module /tmp/v/sampled_rows.py --out phases.json \
-        [--cells 32768x1024,131072x64,16384x1024,16384x1,16384x4] [--patterns random,ties,short] [--set SAMPLED_ROWS=1]
+        [--cells 32768x1024,131072x64,16384x1024,16384x1,16384x4] [--patterns random,ties,short] [--set SAMPLED_MIN_ROWS=1]
 
-``--set NAME=VALUE`` sets a module global of the variant (an int), for example ``SAMPLED_ROWS=1``:
+``--set NAME=VALUE`` sets a module global of the variant (an int), for example ``SAMPLED_MIN_ROWS=1`` (rows in chunks through the sampled keep at any row count):
 rows of one block take the sampled keep from one row, to weigh the chain against the staged path.
 """
 from __future__ import annotations

@@ -8,7 +8,8 @@ id ascending, then position ascending; pads are id -1 with score -inf past the v
 candidates) for rows of at most ``MAX_N`` candidates. The kernel (``SOURCE``, CUDA C++) is
 compiled at run time by NVRTC through ``torch.cuda._compile_kernel`` (torch's private API:
 ``available()`` feature-detects it) into one function a tile and kind (``KINDS``: row, chunks,
-merge), each in a fraction of a second to a second.
+merge, and the sampled keep's sample, keep, chunks_gated, merge_gated), each in a fraction of a
+second to a second.
 
 Why CUDA here: a thread block controls its shared memory, which a Triton program cannot
 allocate. Histograms are shared atomics, and the winners are ordered in shared memory. On an
@@ -26,7 +27,9 @@ The kernel, one block of ``tile(n)`` threads a row (kind ``row``):
   (taken as the row loads) put the k-th key at -inf (a short context padded with -inf), the
   score key takes no pass.
 * The winners go to shared memory as packed keys (score key above the inverted id, as in
-  ``radix.packed_key``) and positions: one ballot and one atomic a warp and slot.
+  ``radix.packed_key``) and positions, a thread's in slot order from its offset in a block scan
+  of the threads' winner counts (since session 30; a ballot and an atomic a warp and slot before:
+  3.6-8.2 % slower at 8-4096 rows of 8192-16384 on an H200).
 * Ordering by bucket rank, as ``radix.order_row`` does it, in shared memory:
   - three parts (positive score keys, negative ones, the tie at the smallest score key), each
     mapped over its own key range into buckets in proportion to its winners;
@@ -48,6 +51,20 @@ A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``:
   position (the last tie-break, equal keys) read from the workspace. Exact: a row's best ``k``
   are among its chunks' best ``k``. The merge holds ``chunks x kc <= TILE_N``: 8 chunks of
   16384 at k = 2048.
+
+From ``SAMPLED_MIN_ROWS`` (64) rows a call, rows in chunks take the sampled keep instead (session
+30), which reads the row about once rather than selecting each chunk whole:
+* kind ``sample``, a block of 256 threads a row: the packed keys of up to 512 evenly spaced
+  candidates; the cutoff is the key about ``SAMPLED_TARGET x k`` of the row should reach, the r-th
+  largest of the sample, found by counting (each thread its two keys against all 512);
+* kind ``keep``, warps of 32 x 16 candidates: every candidate at or above the cutoff to a
+  workspace row of ``max(chunks x kc, SAMPLED_WIDTH x k)`` slots (one atomic a warp on the row's
+  count, slots in order by a ballot a step); the row's last warp writes its status: the kept count,
+  or -1 where the kept ones may miss a winner (fewer than ``min(k, valid)``) or do not fit;
+* kinds ``chunks_gated`` and ``merge_gated``: the chunks as above for the rows of status -1 only
+  (the others' blocks return at once), then the merge of the workspace row (the kept candidates, or
+  the chunks' winners). Exact either way: where at least ``min(k, valid)`` candidates reach a
+  packed key, the best ``k`` are among them, equal packed keys all kept.
 
 Where it compiles: torch's NVRTC wrapper passes the CUDA toolkit's include directory, which it
 finds from ``CUDA_HOME`` (or ``CUDA_PATH``), ``nvcc`` on the path, or ``/usr/local/cuda``; on a
@@ -450,7 +467,8 @@ __device__ void order_winners(Smem& sm, u64* dyn, int nsel, const int* __restric
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,
                     int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, int N, int K,
-                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op) {
+                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
+                    const int* __restrict__ stat) {
   constexpr int mode = MODE;
   __shared__ Smem sm;
   extern __shared__ u64 dyn[];
@@ -459,6 +477,13 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   const i64 row = blockIdx.x;
   const int base = (mode & UNORDERED) ? blockIdx.y * chunk : 0;
   if (mode & UNORDERED) N = min(chunk, N - base);
+#if MODE & GATED  // after the sampled keep: the row's kept count, or -1 where the chunks serve the row
+  {
+    const int nkeep = __ldg(stat + row * 4 + 3);
+    if ((mode & UNORDERED) && nkeep >= 0) return;  // (the whole block, before any barrier)
+    if (!(mode & UNORDERED) && nkeep >= 0) N = nkeep;
+  }
+#endif
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq + base;
   const int* irow = ids + row * s_iq + base;
   const int* prow = pos_in + row * s_pq + base;
@@ -556,7 +581,10 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
     }
   }
 
-  // the winners to shared memory: packed key (score key above inverted id), position
+  // the winners to shared memory: packed key (score key above inverted id), position; a thread's
+  // winners in slot order from its offset in a scan of the threads' counts (sm.mem: free until
+  // the ordering)
+  u32 wins = 0;
 #pragma unroll
   for (int t = 0; t < ITEMS; ++t) {
     bool win = (valid >> t) & 1u;
@@ -573,14 +601,22 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
         }
       }
     }
-    u32 bal = __ballot_sync(FULL, win);
-    int base = 0;
-    if (lane == 0 && bal) base = atomicAdd(&sm.wcount, __popc(bal));
-    base = __shfl_sync(FULL, base, 0);
-    if (win) {
-      int slot = base + __popc(bal & ((1u << lane) - 1u));
-      sm.wkey[slot] = ((i64)u[t] << 31) | (i64)(0x7FFFFFFFu - (u32)id[t]);
-      sm.wpos[slot] = t * THREADS + tid;
+    wins |= (u32)win << t;
+  }
+  {
+    constexpr int E = 2048 / THREADS;  // (scan2048's entries a thread: its own, read before its first barrier)
+    sm.mem[tid * E] = __popc(wins);
+#pragma unroll
+    for (int e = 1; e < E; ++e) sm.mem[tid * E + e] = 0;
+    scan2048(sm.mem, sm);
+    int slot = sm.mem[tid * E];
+#pragma unroll
+    for (int t = 0; t < ITEMS; ++t) {
+      if ((wins >> t) & 1u) {
+        sm.wkey[slot] = ((i64)u[t] << 31) | (i64)(0x7FFFFFFFu - (u32)id[t]);
+        sm.wpos[slot] = t * THREADS + tid;
+        ++slot;
+      }
     }
   }
   __syncthreads();
@@ -620,6 +656,159 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   }
 }
 """
+
+
+BLOCK_SCAN = r"""
+// the exclusive sum over a block of T threads of v (one value a thread), and the block's total
+// (wsum: T / 32 + 1 ints of shared memory, free again on return)
+template <int T>
+__device__ __forceinline__ int block_scan(int v, int* wsum, int& total) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  if (tid < 32) {
+    const int w = tid < T / 32 ? wsum[tid] : 0;
+    int wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(FULL, wi, o);
+      if (tid >= o) wi += y;
+    }
+    if (tid < T / 32) wsum[tid] = wi - w;
+    if (tid == 31) wsum[T / 32] = wi;
+  }
+  __syncthreads();
+  total = wsum[T / 32];
+  const int ex = wsum[warp] + incl - v;
+  __syncthreads();
+  return ex;
+}
+"""
+_SAMPLED_HEAD = r'''
+// the sampled keep (kinds sample and keep): blocks of their own sizes (SB; KB x KI: source(...) defines them)
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+#define SAMPLES 512
+
+''' + ORDER_KEY + r'''
+// the packed key (score key above inverted id, as SOURCE's winners); 0: invalid (id < 0)
+__device__ __forceinline__ u64 packed_key(int bits, int id) {
+  return id < 0 ? 0 : ((u64)order_key(bits, id) << 31) | (u64)(0x7FFFFFFFu - (u32)id);
+}
+''' + BLOCK_SCAN
+SAMPLED_SOURCES = {"sample": _SAMPLED_HEAD + r'''
+// a block of SB threads a row: the packed keys of S = min(N, SAMPLES) evenly spaced candidates, SK a
+// thread; the cutoff is the r-th largest, r = ceil(target S / N) (about target of the row at or above
+// it), found by counting: the key with fewer than r keys above it and at least r at or above it
+// (equal keys, a duplicate id's, write the same value). Resets the row's status for the keep.
+static_assert(SAMPLES % SB == 0, "SK keys a thread");
+#define SK (SAMPLES / SB)
+extern "C" __global__ void __launch_bounds__(SB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, u64* __restrict__ cut,
+                    int* __restrict__ stat, int N, int target, int s_sq, int s_iq) {
+  __shared__ u64 key[SAMPLES];
+  const int tid = threadIdx.x;
+  const i64 row = blockIdx.x;
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+  const int S = min(N, SAMPLES);
+  u64 mine[SK];
+#pragma unroll
+  for (int m = 0; m < SK; ++m) {
+    const int j = m * SB + tid;
+    mine[m] = 0;
+    if (j < S) {
+      const int p = (int)((i64)j * N / S);
+      mine[m] = packed_key(__ldg(srow + p), __ldg(irow + p));
+    }
+    key[j] = mine[m];
+  }
+  if (tid < 4) stat[row * 4 + tid] = 0;
+  if (S == 0 && tid == 0) cut[row] = 0;  // (no candidate: every valid one is kept)
+  __syncthreads();
+  const i64 r = min((i64)S, max((i64)1, ((i64)target * S + N - 1) / max(N, 1)));
+  int gt[SK], ge[SK];
+#pragma unroll
+  for (int m = 0; m < SK; ++m) gt[m] = ge[m] = 0;
+  for (int j = 0; j < S; ++j) {
+    const u64 o = key[j];
+#pragma unroll
+    for (int m = 0; m < SK; ++m) {
+      gt[m] += o > mine[m];
+      ge[m] += o >= mine[m];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < SK; ++m)
+    if (m * SB + tid < S && gt[m] < r && r <= ge[m]) cut[row] = mine[m];
+}
+''', "keep": _SAMPLED_HEAD + r'''
+// grid (rows, blocks of KB threads x KI candidates), each warp on its own 32 x KI: the candidates at
+// or above the row's cutoff to slots [0, cap) of the workspace row with their positions; stat[row]:
+// kept, valid, warps done, then (the row's last warp) the status: the kept count where they hold the
+// winners and fit, else -1
+extern "C" __global__ void __launch_bounds__(KB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const u64* __restrict__ cut,
+                    int* __restrict__ stat, int* __restrict__ w_ids, float* __restrict__ w_sc,
+                    int* __restrict__ w_pos, int N, int cap, int K, int s_sq, int s_iq, int s_w) {
+  const int lane = threadIdx.x & 31;
+  const i64 row = blockIdx.x;
+  const int base = blockIdx.y * (KB * KI) + (threadIdx.x >> 5) * (32 * KI);  // the warp's first candidate
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+  const u64 c = __ldg(cut + row);
+  int bits[KI], id[KI];
+  u32 keep = 0;
+  int nv = 0;
+#pragma unroll
+  for (int t = 0; t < KI; ++t) {
+    const int p = base + t * 32 + lane;
+    bits[t] = p < N ? __ldg(srow + p) : 0;
+    id[t] = p < N ? __ldg(irow + p) : -1;
+    if (id[t] >= 0) {
+      ++nv;
+      if (packed_key(bits[t], id[t]) >= c) keep |= 1u << t;
+    }
+  }
+  const int kept = __reduce_add_sync(FULL, __popc(keep)), valid = __reduce_add_sync(FULL, nv);
+  int slot = 0;
+  if (lane == 0) {  // the warp's slots: one atomic on the row's count
+    if (kept) slot = atomicAdd(stat + row * 4, kept);
+    if (valid) atomicAdd(stat + row * 4 + 1, valid);
+  }
+  slot = __shfl_sync(FULL, slot, 0);
+#pragma unroll
+  for (int t = 0; t < KI; ++t) {
+    const u32 b = __ballot_sync(FULL, (keep >> t) & 1u);
+    if ((keep >> t) & 1u) {
+      const int at = slot + __popc(b & ((1u << lane) - 1u));
+      if (at < cap) {
+        w_ids[row * s_w + at] = id[t];
+        reinterpret_cast<int*>(w_sc)[row * s_w + at] = bits[t];
+        w_pos[row * s_w + at] = base + t * 32 + lane;
+      }
+    }
+    slot += __popc(b);
+  }
+  if (lane == 0) {  // the row's last warp writes its status
+    __threadfence();
+    const int done = atomicAdd(stat + row * 4 + 2, 1);
+    if (done == (int)gridDim.y * (KB / 32) - 1) {
+      __threadfence();
+      const int kall = atomicAdd(stat + row * 4, 0), vall = atomicAdd(stat + row * 4 + 1, 0);
+      stat[row * 4 + 3] = (kall <= cap && (kall >= K || kall == vall)) ? kall : -1;
+    }
+  }
+}
+'''}
 
 _KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
 _LOCK = threading.Lock()
@@ -682,22 +871,54 @@ def chunking(n: int, k: int, chunk: int | None = None) -> tuple[int, int, int]:
     return chunks, chunk, kc
 
 
-_POS_IN, _UNORDERED = 1, 2  # SOURCE's MODE bits
-KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN}  # the kernel's kinds: SOURCE's MODE
+_POS_IN, _UNORDERED, _GATED = 1, 2, 4  # SOURCE's MODE bits
+_SAMPLE, _KEEP = 8, 16  # SAMPLED_SOURCES' kernels (MODE: a kind's number only)
+KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNORDERED | _GATED,
+         "merge_gated": _POS_IN | _GATED, "sample": _SAMPLE, "keep": _KEEP}
+SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 256, 256, 16  # the sample's and the keep's blocks
+SAMPLES = 512  # the sample's keys a row at most (the kernels' SAMPLES)
+KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
+SAMPLED_TARGET, SAMPLED_WIDTH = 2.0, 4.0  # x k: what the sample aims to keep a row; the workspace row (the merge's most)
+# rows in chunks take the sampled keep from this many rows a call (H200, graph replay, k = 2048,
+# docs/benchmarks_select_kernel.md session 30: at 64-1024 rows of 20000-131072 it took 0.44-0.93x the
+# chunks-and-merge time on mass ties and a short context, 0.67-1.08x on random scores (1.04-1.08x at
+# 20000-32768); at 8 rows of 131072 1.27x on random scores)
+SAMPLED_MIN_ROWS = 64
 
 
-def plan_kernels(n: int, k: int, chunk: int | None = None) -> tuple[tuple[str, int], ...]:
-    """The kernels a call runs, as ``(kind, threads)``: ``(("row", tile),)`` for a row in one block,
-    else ``(("chunks", chunk's tile), ("merge", merge's tile))``."""
+def sampled_sizes(chunks: int, kc: int, k: int) -> tuple[int, int]:
+    # the sampled keep's workspace row (the kept candidates, or the chunks' winners where the keep
+    # may miss one), and what the sample aims to keep a row
+    w = max(chunks * kc, min(TILE_N, int(SAMPLED_WIDTH * k)))
+    return w, max(1, min(int(SAMPLED_TARGET * k), 3 * w // 4))
+
+
+def sampled(q: int | None) -> bool:
+    """Whether a call of ``q`` rows in chunks takes the sampled keep (``SAMPLED_MIN_ROWS``)."""
+    return q is not None and q >= SAMPLED_MIN_ROWS
+
+
+def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None) -> tuple[tuple[str, int], ...]:
+    """The kernels a call of ``q`` rows runs, as ``(kind, threads)``: ``(("row", tile),)`` for a row
+    in one block; rows in chunks: ``(("chunks", chunk's tile), ("merge", merge's tile))``, or from
+    ``SAMPLED_MIN_ROWS`` rows the sampled keep's ``sample``, ``keep``, ``chunks_gated`` and
+    ``merge_gated``."""
     chunks, chunk, kc = chunking(n, k, chunk)
-    return (("row", tile(n)),) if chunks == 1 else (("chunks", tile(chunk)), ("merge", tile(chunks * kc)))
+    if chunks == 1:
+        return (("row", tile(n)),)
+    if not sampled(q):
+        return (("chunks", tile(chunk)), ("merge", tile(chunks * kc)))
+    w = sampled_sizes(chunks, kc, k)[0]  # block_select's workspace row
+    return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), ("chunks_gated", tile(chunk)), ("merge_gated", tile(w)))
 
 
 def source(threads: int, kind: str = "row") -> str:
     """The kernel's CUDA source for a tile of ``threads`` and a kind (``KINDS``), as NVRTC
     compiles it."""
     return (f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n"
-            f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define MODE {KINDS[kind]}\n" + SOURCE)
+            f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define GATED {_GATED}\n"
+            f"#define SB {SAMPLE_THREADS}\n#define KB {KEEP_THREADS}\n#define KI {KEEP_ITEMS}\n"
+            f"#define MODE {KINDS[kind]}\n" + SAMPLED_SOURCES.get(kind, SOURCE))
 
 
 def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
@@ -751,17 +972,46 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
         compile_tile(t, dev.index)(
             grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
             args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
-                  out_ids.stride(0), out_sc.stride(0), 0])
+                  out_ids.stride(0), out_sc.stride(0), 0, out_ids])
         return out_ids, out_sc
-    m = chunks * kc  # the merge's candidates a row
-    w_ids = torch.empty((q, m), dtype=torch.int32, device=dev)
-    w_sc = torch.empty((q, m), dtype=torch.float32, device=dev)
-    w_pos = torch.empty((q, m), dtype=torch.int32, device=dev)
-    t1, t2 = tile(chunk), tile(m)
-    compile_tile(t1, dev.index, "chunks")(  # (no ordering: no dynamic shared memory)
+    m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
+    if not sampled(q):  # the chunks, then their merge
+        w_ids = torch.empty((q, m), dtype=torch.int32, device=dev)
+        w_sc = torch.empty((q, m), dtype=torch.float32, device=dev)
+        w_pos = torch.empty((q, m), dtype=torch.int32, device=dev)
+        t1, t2 = tile(chunk), tile(m)
+        compile_tile(t1, dev.index, "chunks")(  # (no ordering: no dynamic shared memory)
+            grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
+            args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, m, m, m,
+                  out_ids])
+        compile_tile(t2, dev.index, "merge")(
+            grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
+            args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, m, m, m, out_ids.stride(0), out_sc.stride(0),
+                  0, out_ids])
+        return out_ids, out_sc
+    w, target = sampled_sizes(chunks, kc, k)
+    w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
+    w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)
+    w_pos = torch.empty((q, w), dtype=torch.int32, device=dev)
+    cut = torch.empty((q,), dtype=torch.int64, device=dev)
+    stat = torch.empty((q, 4), dtype=torch.int32, device=dev)
+    compile_tile(SAMPLE_THREADS, dev.index, "sample")(
+        grid=(q, 1, 1), block=(SAMPLE_THREADS, 1, 1), shared_mem=0,
+        args=[scores, ids, cut, stat, n, target, scores.stride(0), ids.stride(0)])
+    compile_tile(KEEP_THREADS, dev.index, "keep")(
+        grid=(q, -(-n // (KEEP_THREADS * KEEP_ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
+        args=[scores, ids, cut, stat, w_ids, w_sc, w_pos, n, w, k, scores.stride(0), ids.stride(0), w])
+    t1, t2 = tile(chunk), tile(w)
+    compile_tile(t1, dev.index, "chunks_gated")(  # (rows whose keep may miss a winner; the others return)
         grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
-        args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, m, m, m])
-    compile_tile(t2, dev.index, "merge")(
+        args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, w, w, w, stat])
+    compile_tile(t2, dev.index, "merge_gated")(
         grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
-        args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, m, m, m, out_ids.stride(0), out_sc.stride(0), 0])
+        args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, w, w, w, out_ids.stride(0), out_sc.stride(0), 0,
+              stat])
+    if STATS is not None:
+        STATS.append(stat)
     return out_ids, out_sc
+
+
+STATS = None  # a list: each sampled call appends its rows' status (tests and bench/launch_phases.py: which rows the keep served)

@@ -181,7 +181,8 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     The block path takes rows beyond ``STAGED_MAX_ROWS`` rows where it runs
     (``select_block.available()``: torch's NVRTC entry point; ``BLOCK_PATH``): rows of up to
     16384 candidates (one block a row), and longer rows (their chunks, then a merge:
-    ``select_block.chunking``, ``block_chunk``) up to ``BLOCK_LONG`` = (8 rows, or 2 chunks).
+    ``select_block.chunking``, ``block_chunk``) up to ``BLOCK_LONG`` = (8 rows, or 2 chunks), and
+    from ``select_block.SAMPLED_MIN_ROWS`` (64) rows every row of up to 131072 (the sampled keep).
     H200, graph replay, k = 2048 (docs/benchmarks_select_kernel.md, sessions 22 and 23): 8-4096
     rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row kernel's time (64 x
     16384: 24.2 against 30.1 µs; 1024 x 16384: 189-194 against 244); one row 0.70-1.73x the
@@ -192,7 +193,12 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     quarter of the row tied at the cutoff) and 0.59-1.0x on a short context (30.9-55.5 µs
     against 39.0-88.9); at 64-1024 rows of 20000-32768 (two chunks) 0.89-0.99x random,
     0.71-0.81x short, 0.63-1.04x ties; at 64 rows and more of 65536 and 131072 0.86-2.0x (the row
-    kernel's sampled cutoff reads the row once), so the row kernel keeps those. At 4 rows of
+    kernel's sampled cutoff reads the row once), so the row kernel kept those until session 30: from
+    ``select_block.SAMPLED_MIN_ROWS`` (64) rows the block path's sampled keep takes every row of up
+    to 131072 (H200, k = 2048, ``bench/block_variants_gpu.sh``, record
+    select_kernel_h200_s30_sampled.json: at 64-1024 rows of 65536 and 131072 its time over the row
+    kernel's was 0.97-1.02x random, 0.69-0.78x mass ties, 0.74-1.12x short; at 1024 rows of 20000-32768
+    0.67-0.78x ties, 1.01-1.02x random). At 4 rows of
     20000-131072 the block path took 0.68-1.28x the staged path's time (faster on mass ties,
     slower on random scores at 20000-32768 and on a short context at 131072), at one row
     0.90-2.4x; the staged path keeps 1-4 rows.
@@ -222,7 +228,7 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
         return "staged"
     if BLOCK_PATH and select_block.supports(n, k) and select_block.available():
         rows, chunks = BLOCK_LONG
-        if n <= select_block.TILE_N or q <= rows or select_block.chunking(n, k)[0] <= chunks:
+        if n <= select_block.TILE_N or q <= rows or select_block.chunking(n, k)[0] <= chunks or select_block.sampled(q):
             return "block"
     rows, n_max = STAGED_LONG_ROWS
     return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k, n_sm: unused)
@@ -235,8 +241,9 @@ def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:
     replay, k = 2048 (session 23's first run, ``--grid block_long --variants``, before the kernel's
     last changes; record select_kernel_h200_s23_block_long_variants.json): chunks of 8192 at 5-64
     rows of 20000-65536 took 0.71-0.94x the time of the fewest chunks; at 256 and 1024 rows,
-    0.99-1.26x."""
-    if n <= select_block.TILE_N:
+    0.99-1.26x. None where the sampled keep serves the rows (``select_block.sampled``: from
+    ``SAMPLED_MIN_ROWS`` rows; its chunks serve only rows it may miss a winner in), as timed."""
+    if n <= select_block.TILE_N or select_block.sampled(q):
         return None
     chunks = -(-n // BLOCK_SHORT_CHUNK)
     if q * chunks <= BLOCK_SHORT_WAVES * n_sm and chunks * min(k, BLOCK_SHORT_CHUNK) <= select_block.TILE_N:
@@ -881,7 +888,7 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
     if path == "block":  # one NVRTC function a tile: the row's, or its chunks' and their merge's
-        return (path, kb) + select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm))
+        return (path, kb) + select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q)
     if path == "row":  # the row kernel orders its own winners
         cfg = row_config(n, q)
         smp = sample_config(n, cfg[3])
@@ -978,7 +985,7 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         try:
             if collecting():  # a parallel compile of plans (precompile): the block kernel compiles now (NVRTC)
                 if q > 0:
-                    for kind, t in select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm)):
+                    for kind, t in select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q):
                         select_block.compile_tile(t, scores.device.index, kind)
                 return (torch.empty((q, k), dtype=torch.int32, device=scores.device),
                         torch.empty((q, k), dtype=torch.float32, device=scores.device))

@@ -46,7 +46,7 @@ def test_block_ab_times_every_column_and_checks_every_module(tmp_path, monkeypat
     monkeypatch.setattr(block_ab.new, "compile_tile", BlockOnCpu(block_ab.new).compile_tile)
     monkeypatch.setattr(block_ab.select_kernel, "triton_ordered_select",
                         lambda s, i, k, path=None: torch.topk(s, k, dim=1))  # (a timing column only)
-    variant = block_variants.write("sampled", str(tmp_path))
+    variant = block_variants.write("match", str(tmp_path))
     out = tmp_path / "ab.json"
     assert block_ab.main(["--old", variant, "--cells", "20000x1,300x9", "--k", "40", "--patterns", "short",
                           "--paths", "row,staged", "--fuzz-seconds", "0", "--out", str(out)]) == 0
@@ -74,7 +74,7 @@ def test_block_ab_records_a_column_that_raises_and_goes_on(tmp_path, monkeypatch
         return mod
     monkeypatch.setattr(block_ab, "load_module", refused)
     out = tmp_path / "ab.json"
-    assert block_ab.main(["--old", block_variants.write("scan", str(tmp_path)), "--cells", "300x3,500x2",
+    assert block_ab.main(["--old", block_variants.write("match", str(tmp_path)), "--cells", "300x3,500x2",
                           "--k", "40", "--patterns", "random", "--fuzz-seconds", "0", "--out", str(out)]) == 1
     cells = json.loads(out.read_text())["cells"]
     assert [(c["n"], c["q"]) for c in cells] == [(300, 3), (500, 2)]
@@ -83,10 +83,10 @@ def test_block_ab_records_a_column_that_raises_and_goes_on(tmp_path, monkeypatch
         assert c["new_exact"] is True and {"new", "topk"} <= set(c) and "new_error" not in c
 
 
-@pytest.mark.parametrize("variant,sets,kinds", [
-    ("sampled_rows", ["--set", "SAMPLED_ROWS=1"], ["sample", "keep", "chunks_gated", "merge_gated"]),
-    ("spread", [], ["hist", "compact", "finish", "rank"])])
-def test_launch_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch, variant, sets, kinds):
+@pytest.mark.parametrize("variant,cells,sets,kinds", [
+    ("shipped", "20000x2", ["--set", "SAMPLED_MIN_ROWS=1"], ["sample", "keep", "chunks_gated", "merge_gated"]),
+    ("spread", "9000x2", [], ["hist", "compact", "finish", "rank"])])
+def test_launch_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch, variant, cells, sets, kinds):
     _on_cpu(monkeypatch, launch_phases)
     launched = []
     real_time = launch_phases.time_graph
@@ -100,9 +100,9 @@ def test_launch_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch, varia
     monkeypatch.setattr(launch_phases, "time_graph", count)
     monkeypatch.setattr(cuda_on_cpu.Kernel, "__call__",
                         lambda self, *a, _real=cuda_on_cpu.Kernel.__call__, **kw: (runs.append(1), _real(self, *a, **kw)))
-    path = block_variants.write(variant, str(tmp_path))
+    path = block_variants.SHIPPED if variant == "shipped" else block_variants.write(variant, str(tmp_path))
     out = tmp_path / "phases.json"
-    assert launch_phases.main(["--module", path, "--cells", "9000x2", "--k", "100", "--patterns", "random", *sets,
+    assert launch_phases.main(["--module", path, "--cells", cells, "--k", "100", "--patterns", "random", *sets,
                                "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["set"] == sets[1:] and len(rec["cells"]) == 1

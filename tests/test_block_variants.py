@@ -1,7 +1,7 @@
 """bench/block_variants.py: every variant (and every combination the GPU calls time) still applies
 to the shipped module; on the CPU, the combinations run exactly, a slip planted in a variant's own
-code fails, the sampled keep leaves each row the status its rule gives, and the spread path is
-exact (the whole CPU suite runs on any variant with ``--block-module``)."""
+code fails, and the spread path is exact (the whole CPU suite runs on any variant with
+``--block-module``). The sampled keep, shipped since session 30: tests/test_select_block_cpu.py."""
 from __future__ import annotations
 
 import os
@@ -30,10 +30,8 @@ def _gpu_call_variants() -> list[str]:
 
 def test_every_variant_applies_to_the_shipped_module():
     calls = _gpu_call_variants()
-    assert {"scan+digits11+rank_keys+prefetch", "scan+digits11+smem_keys+rank_keys+sampled_rows"} <= set(calls)
-    # (and the combinations timed or built before, which the docs name)
-    names = list(block_variants.VARIANTS) + calls + ["scan+match+smem_keys", "scan+digits11+smem_keys+rank_keys",
-                                                     "scan+digits11+smem_keys+rank_keys+sampled_rows+spread"]
+    assert {"digits11+rank_keys+prefetch", "digits11+rank_keys+prefetch+spread"} <= set(calls)
+    names = list(block_variants.VARIANTS) + calls + ["match+rank_keys", "digits11+rank_keys+prefetch512"]
     with open(block_variants.SHIPPED) as f:
         shipped = f.read()
     for name in names:
@@ -41,7 +39,7 @@ def test_every_variant_applies_to_the_shipped_module():
         compile(text, f"{name}.py", "exec")  # (the module's Python still parses)
         assert text != shipped, name
     with pytest.raises(KeyError, match="no variant 'nope'"):
-        block_variants.module_text("scan+nope")
+        block_variants.module_text("match+nope")
 
 
 class _TorchKernel:
@@ -65,7 +63,7 @@ def test_every_launch_past_48_kib_is_configured_through_torch(tmp_path, monkeypa
     """Every variant's ``block_select`` (and the shipped one), on shapes that launch each of its
     kinds and tiles, through its own ``compile_tile`` with torch's kernel object stood in by one
     that checks shared memory as torch's launcher does: no launch is refused. The variants past
-    48 KiB (smem_keys' chunks, prefetch's row kind) are among them, so the check has work to do."""
+    48 KiB (prefetch's row kind) are among them, so the check has work to do."""
     import contextlib
     monkeypatch.setattr(torch.cuda, "_compile_kernel", lambda src, name: _TorchKernel(), raising=False)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
@@ -78,31 +76,31 @@ def test_every_launch_past_48_kib_is_configured_through_torch(tmp_path, monkeypa
     for name in ["shipped"] + sorted(set(block_variants.VARIANTS) | set(_gpu_call_variants())):
         mod = load_module(block_variants.SHIPPED if name == "shipped" else block_variants.write(name, str(tmp_path)))
         mod._driver_library = lambda: Driver
-        if hasattr(mod, "SAMPLED_ROWS"):
-            mod.SAMPLED_ROWS = 1  # (rows of one block through the keep too)
+        mod.SAMPLED_MIN_ROWS = 1  # (rows in chunks through the sampled keep too)
         launches = []
         for q, n, k in [(2, 3000, 700), (5, 6000, 2048), (6, 12000, 2048), (2, 40000, 2048), (1, 131072, 2048)]:
+            mod.SAMPLED_MIN_ROWS = 2 if n == 40000 else 1 << 30  # (rows in chunks: the sampled keep, and not)
             mod._KERNELS.clear()
             mod.block_select(torch.zeros(q, n), torch.zeros(q, n, dtype=torch.int32), k)
             launches += [nbytes for kern in mod._KERNELS.values() for nbytes in kern.launches]
         assert launches, name
         if max(launches) >= 48 * 1024:
             past.append(name)
-    assert "shipped" not in past and {"smem_keys", "prefetch", "scan+digits11+rank_keys+prefetch"} <= set(past), past
+    assert "shipped" not in past and {"prefetch", "digits11+rank_keys+prefetch"} <= set(past), past
 
 
 def test_an_edit_whose_text_moved_raises(tmp_path):
     moved = tmp_path / "select_block.py"
     with open(block_variants.SHIPPED) as f:
-        moved.write_text(f.read().replace("u32 bal = __ballot_sync(FULL, win);", "u32 bal = __ballot_sync(FULL, win != 0);"))
-    with pytest.raises(ValueError, match="variant scan: 0 lines of the module hold"):
-        block_variants.module_text("scan", shipped=str(moved))
+        moved.write_text(f.read().replace("atomicAdd(&sm.hist[b], 1);", "atomicAdd(&sm.hist[b], 1u);"))
+    with pytest.raises(ValueError, match="variant match: 0 lines of the module hold"):
+        block_variants.module_text("match", shipped=str(moved))
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_combined_variant_is_exact_on_the_cpu(tmp_path):
-    run = BlockOnCpu(load_module(block_variants.write("scan+match+smem_keys", str(tmp_path))))
-    scores, ids = make_case("nandups", 2, 16384, 2048, seed=4)  # the 512 x 32 tile, ids twice
+    run = BlockOnCpu(load_module(block_variants.write("match+rank_keys", str(tmp_path))))
+    scores, ids = make_case("nandups", 2, 16384, 2048, seed=4)  # the 1024 tile, ids twice
     check_equal(run(scores, ids, 2048, seed=3), ref_packed(scores, ids, 2048), "nandups 16384")
     scores, ids = _mass_tie("equal", 1, 20000, seed=5)  # chunks and their merge, one score
     check_equal(run(scores, ids, 1500, seed=4), ref_packed(scores, ids, 1500), "equal 20000")
@@ -138,63 +136,6 @@ def test_a_slip_in_a_variant_fails_on_the_cpu(tmp_path, variant):
         check_equal(run(scores, ids, 700, seed=2), ref_python(scores, ids, 700), f"{variant} slip")
 
 
-def _packed(bits: int, ident: int) -> int:
-    """The packed key of a candidate (score key above inverted id), 0 for a pad: plain Python."""
-    if ident < 0:
-        return 0
-    s = bits if bits >= 0 else bits ^ 0x7FFFFFFF
-    if (bits & 0x7FFFFFFF) > 0x7F800000:
-        s = -0x7FFFFFFF  # (0x80000001: NaN, below -inf)
-    return (((s & 0xFFFFFFFF) ^ 0x80000000) << 31) | (0x7FFFFFFF - ident)
-
-
-def _sampled_status(mod, scores, ids, k):
-    """What the sampled keep should leave a row, from its rule in plain Python: (kept, valid,
-    status), status -1 where the kept ones may miss a winner or do not fit."""
-    q, n = scores.shape
-    chunks, chunk, kc = mod.chunking(n, k)
-    w = max(chunks * kc, min(mod.TILE_N, int(mod.SAMPLED_WIDTH * k)))
-    target = max(1, min(int(mod.SAMPLED_TARGET * k), 3 * w // 4))
-    out = []
-    for r in range(q):
-        keys = [_packed(b, i) for b, i in zip(scores[r].view(torch.int32).tolist(), ids[r].tolist())]
-        s = min(n, getattr(mod, "SAMPLES", 2048))  # (the counted sample's: 512)
-        sample = sorted((keys[j * n // s] for j in range(s)), reverse=True)
-        cut = sample[min(s, max(1, -(-target * s // n))) - 1]
-        valid = sum(i >= 0 for i in ids[r].tolist())
-        kept = sum(1 for key, i in zip(keys, ids[r].tolist()) if i >= 0 and key >= cut)
-        out.append((kept, valid, kept if kept <= w and (kept >= k or kept == valid) else -1))
-    return out
-
-
-@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-@pytest.mark.parametrize("variant", ["sampled", "sampled_fast"])  # (sampled_fast: the counted sample too)
-def test_sampled_keep_serves_rows_and_the_chunks_the_rest(tmp_path, variant):
-    """Variants ``sampled`` and ``sampled_fast`` (a counted sample, a keep by warps): the keep's
-    status a row against the rule in plain Python, and an exact output both where the keep serves
-    the row and where the chunks do: a sample that sees only the row's best (too few kept), one key
-    throughout (too many), fewer valid than k."""
-    mod = load_module(block_variants.write(variant, str(tmp_path)))
-    run = BlockOnCpu(mod)
-    g = torch.Generator().manual_seed(9)
-    n, k = 40000, 2048
-    scores = torch.randn(3, n, generator=g)
-    ids = torch.stack([torch.randperm(n, generator=g) for _ in range(3)]).to(torch.int32)
-    at = torch.arange(2048) * n // 2048  # row 1: the sampled positions hold its best
-    scores[1, at] = 10 + torch.rand(2048, generator=g)
-    ids[2, 500:] = -1  # row 2: 500 valid
-    scores[2, 500:] = float("-inf")
-    cases = [("sampled", scores, ids, k), ("one key", torch.ones(2, 20000), torch.full((2, 20000), 7, dtype=torch.int32), 1500)]
-    for what, s, i, kk in cases:
-        mod.STATS = []
-        check_equal(run(s, i, kk, seed=6), ref_packed(s, i, kk), what)
-        got = [tuple(x) for x in mod.STATS[0][:, [0, 1, 3]].tolist()]
-        assert got == _sampled_status(mod, s, i, kk), what
-    assert [st for _, _, st in got] == [-1, -1]  # one key: more than the workspace holds
-    assert [st >= 0 for _, _, st in _sampled_status(mod, scores, ids, k)] == [True, False, True]
-    assert {kind for _, kind in run.launched} == {"sample", "keep", "chunks_gated", "merge_gated"}
-
-
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_spread_is_exact_on_the_cpu(tmp_path):
     """Variant ``spread`` (1-4 rows of one block): winners above the cutoff bin ranked in their
@@ -212,13 +153,13 @@ def test_spread_is_exact_on_the_cpu(tmp_path):
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_every_path_of_the_all_nvrtc_combination_is_exact_on_the_cpu(tmp_path):
-    """``scan+digits11+rank_keys+sampled_fast+prefetch+spread``, the combination the spread call
-    times: 1-4 rows spread, more rows of one block in prefetching blocks (5 rows of the 1024 tile,
-    3 blocks here: a block takes two rows), rows in chunks through the sampled keep, each against
-    the plain Python sort. (Session 26's combination, with smem_keys and sampled_rows, still applies:
-    test_every_variant_applies_to_the_shipped_module.)"""
-    name = "scan+digits11+rank_keys+sampled_fast+prefetch+spread"
+    """``digits11+rank_keys+prefetch+spread``, every variant the spread call would time with the
+    shipped kernel: 1-4 rows spread, more rows of one block in prefetching blocks (5 rows of the
+    1024 tile, 3 blocks here: a block takes two rows), rows in chunks through the sampled keep, each
+    against the plain Python sort."""
+    name = "digits11+rank_keys+prefetch+spread"
     mod = load_module(block_variants.write(name, str(tmp_path)))
+    mod.SAMPLED_MIN_ROWS = 1
     run = BlockOnCpu(mod)
     for (scores, ids), k in [(make_case("nandups", 2, 9000, 1000, seed=1), 1000),
                              (make_case("ties", 5, 9000, 1000, seed=2), 1000),
@@ -282,24 +223,3 @@ def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
     with pytest.raises((AssertionError, RuntimeError)):
         for seed in (0, 4):
             check_equal(run(scores, ids, 700, seed=seed), ref_python(scores, ids, 700), f"prefetch slip {slip}")
-
-
-@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-def test_a_slip_in_the_counted_sample_shows_in_the_rows_status(tmp_path):
-    """The counted sample's cutoff (``sampled_fast``): with the r-th largest's test one short, no
-    key passes it and the row's cutoff is whatever its slot held, so the keep's counts leave the
-    rule's: the output stays exact (a row the keep cannot serve falls back to the chunks) and only
-    the status against the rule in plain Python shows the slip."""
-    good, bad = "gt[m] < r && r <= ge[m]", "gt[m] < r && r < ge[m]"
-    text = block_variants.module_text("sampled_fast")
-    assert text.count(good) == 1
-    path = tmp_path / "sampled_fast_slip.py"
-    path.write_text(text.replace(good, bad))
-    mod = load_module(str(path))
-    g = torch.Generator().manual_seed(13)
-    scores = torch.randn(2, 40000, generator=g)
-    ids = torch.stack([torch.randperm(40000, generator=g) for _ in range(2)]).to(torch.int32)
-    mod.STATS = []
-    check_equal(BlockOnCpu(mod)(scores, ids, 2048, seed=1), ref_packed(scores, ids, 2048), "slip: exact by the fallback")
-    got = [tuple(x) for x in mod.STATS[0][:, [0, 1, 3]].tolist()]
-    assert got != _sampled_status(mod, scores, ids, 2048)

@@ -46,6 +46,15 @@ def test_long_rows_are_cut_into_chunks_a_merge_holds():
         assert select_block.plan_kernels(16385, 2048) == (("chunks", 1024), ("merge", 256))
         assert select_block.plan_kernels(131072, 2048) == (("chunks", 1024), ("merge", 1024))
         assert select_block.plan_kernels(131072, 64) == (("chunks", 1024), ("merge", 256))
+        # from SAMPLED_MIN_ROWS rows a call: the sample, the keep, the chunks where the keep may miss a
+        # winner, the merge of a workspace row of max(chunks x kc, 4 k) (at most 16384)
+        rows = select_block.SAMPLED_MIN_ROWS
+        assert select_block.plan_kernels(16385, 2048, q=rows - 1) == (("chunks", 1024), ("merge", 256))
+        assert select_block.plan_kernels(16385, 2048, q=rows) == (
+            ("sample", 256), ("keep", 256), ("chunks_gated", 1024), ("merge_gated", 512))
+        assert select_block.plan_kernels(131072, 2048, q=rows) == (
+            ("sample", 256), ("keep", 256), ("chunks_gated", 1024), ("merge_gated", 1024))
+        assert select_block.plan_kernels(9000, 2048, q=4096) == (("row", 1024),)
     for n in (1, 2, 16383, 16384, 16385, 40000, 98305, 131071, 131072):
         for k in (1, 7, 2048):
             chunks, chunk, kc = select_block.chunking(n, k)
@@ -107,17 +116,22 @@ def test_dispatcher_takes_the_block_path_beyond_the_staged_rows(block_runs, monk
     assert sk.choose_path(5, 16384, 2048, 132) == "block"
     assert sk.choose_path(4096, 100, 1, 132) == "block"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"  # few rows: the staged path
-    # a long row: its chunks, then their merge (up to 8 rows, or in 2 chunks); beyond, the row kernel
-    assert sk.choose_path(1024, 32768, 2048, 132) == "block" and sk.choose_path(64, 16385, 2048, 132) == "block"
+    # a long row: its chunks, then their merge (up to 8 rows, or in 2 chunks); from SAMPLED_MIN_ROWS
+    # (64) rows the sampled keep, any row; between, the row kernel
+    assert sk.choose_path(1024, 32768, 2048, 132) == "block" and sk.choose_path(63, 16385, 2048, 132) == "block"
     assert sk.choose_path(8, 131072, 2048, 132) == "block" and sk.choose_path(5, 40000, 1, 132) == "block"
-    assert sk.choose_path(9, 32769, 2048, 132) == "row" and sk.choose_path(64, 131072, 2048, 132) == "row"
+    assert sk.choose_path(9, 32769, 2048, 132) == "row" and sk.choose_path(63, 131072, 2048, 132) == "row"
+    assert sk.choose_path(64, 131072, 2048, 132) == "block" and sk.choose_path(1024, 65536, 2048, 132) == "block"
+    assert sk.launch_plan(64, 131072, 2048) == ("block", 2048, ("sample", 256), ("keep", 256), ("chunks_gated", 1024),
+                                                ("merge_gated", 1024))
+    assert sk.block_chunk(64, 40000, 100, 132) is None  # (the sampled keep's chunks: the fewest, as timed)
     assert sk.launch_plan(64, 9000, 1500) == ("block", 2048, ("row", 1024))
     assert sk.launch_plan(64, 4000, 2048) == ("block", 2048, ("row", 256))
     # chunks of 8192 where they make at most 2 blocks an SM and the merge holds their best
     assert sk.block_chunk(8, 65536, 100, 132) == 8192
     assert sk.launch_plan(8, 65536, 100) == ("block", 128) + _plan(65536, 100, 8192, (("chunks", 512), ("merge", 256)))
-    assert sk.block_chunk(64, 32768, 2048, 132) == 8192
-    assert sk.launch_plan(64, 32768, 2048) == ("block", 2048) + _plan(32768, 2048, 8192, (("chunks", 512), ("merge", 512)))
+    assert sk.block_chunk(63, 32768, 2048, 132) == 8192
+    assert sk.launch_plan(63, 32768, 2048) == ("block", 2048) + _plan(32768, 2048, 8192, (("chunks", 512), ("merge", 512)))
     assert sk.block_chunk(67, 32768, 2048, 132) is None  # 268 blocks of 8192: more than 2 an SM
     assert sk.block_chunk(8, 131072, 2048, 132) is None  # 16 chunks' 2048 each: more than a merge holds
     assert sk.launch_plan(8, 131072, 2048) == ("block", 2048) + _plan(131072, 2048, None, (("chunks", 1024), ("merge", 1024)))
@@ -163,7 +177,8 @@ def test_source_compiles_for_every_tile(tmp_path, threads, kind):
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "tpflare_select_rows" in out.stderr, out.stderr
-    assert "bytes smem" in out.stderr or not SHIPPED, out.stderr  # (every shipped kind uses shared memory)
+    # (every shipped kind uses shared memory but the keep, a warp's candidates in its registers)
+    assert "bytes smem" in out.stderr or kind == "keep" or not SHIPPED, out.stderr
 
 
 def test_a_failed_compile_turns_the_block_path_off_with_one_warning(monkeypatch, caplog):

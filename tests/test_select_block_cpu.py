@@ -43,6 +43,18 @@ def on_cpu(sb):
     return BlockOnCpu(sb)
 
 
+@pytest.fixture(params=["chunks", "sampled"])
+def chunked(request, sb, monkeypatch):
+    """The two ways rows in chunks run: the chunks then their merge (calls of fewer than
+    ``SAMPLED_MIN_ROWS`` rows), or the sampled keep, the chunks serving only the rows where it may
+    miss a winner; each test of rows in chunks runs both."""
+    if hasattr(sb, "SAMPLED_MIN_ROWS"):
+        monkeypatch.setattr(sb, "SAMPLED_MIN_ROWS", 1 if request.param == "sampled" else 1 << 30)
+    elif request.param == "sampled":
+        pytest.skip("this module has no sampled keep")
+    return request.param
+
+
 def _launches(sb, n, k, chunk=None, q=None):
     """The (threads, kind) of a call's launches by the module's plan (a variant's may depend on the rows)."""
     kw = {"q": q} if "q" in inspect.signature(sb.plan_kernels).parameters else {}
@@ -75,7 +87,7 @@ BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,k,chunk", BLOCK_CHUNKS)
-def test_chunks_and_their_merge_against_python(on_cpu, sb, kind, n, k, chunk):
+def test_chunks_and_their_merge_against_python(on_cpu, sb, chunked, kind, n, k, chunk):
     """A row cut into chunks: a block a chunk keeps its best in no order with their positions
     in the row (kind ``chunks``), a block a row merges them (``merge``); chunks of one candidate,
     a last chunk of one, chunks shorter than k, k beyond n."""
@@ -83,11 +95,11 @@ def test_chunks_and_their_merge_against_python(on_cpu, sb, kind, n, k, chunk):
     scores, ids = make_case(kind, 2, n, k, seed=n + k + (chunk or 0))
     _both_schedules(on_cpu, scores, ids, k, ref_python(scores, ids, k), f"{kind} n={n} k={k} chunk={chunk}",
                     chunk=chunk, seed=n + 3)
-    assert set(on_cpu.launched) == _launches(sb, n, k, chunk, q=2)  # (shipped: chunks, merge)
+    assert set(on_cpu.launched) == _launches(sb, n, k, chunk, q=2)  # (chunks, merge; or the sampled keep's four)
 
 
 @pytest.mark.parametrize("n,chunk", [(6000, 1500), (6000, 4096), (40000, None)])
-def test_merge_orders_equal_keys_by_position(on_cpu, sb, n, chunk):
+def test_merge_orders_equal_keys_by_position(on_cpu, sb, chunked, n, chunk):
     """Equal keys (one id twice, both NaN, payloads differ) among the chunks' winners: the merge
     orders them by their positions in the row, not by where the chunks wrote them (the chunks'
     slots depend on the schedule). Each id sits at positions p and p + 32 (neighbouring warps),
@@ -109,7 +121,7 @@ def test_merge_orders_equal_keys_by_position(on_cpu, sb, n, chunk):
 
 
 @pytest.mark.parametrize("kind", ["random", "nandups", "padding"])
-def test_longest_row(on_cpu, sb, kind):
+def test_longest_row(on_cpu, sb, chunked, kind):
     """A row of MAX_N (131072) candidates: 8 chunks of 16384, their 8 x 2048 best merged by one
     block of 1024 threads; and k = 1."""
     n = sb.MAX_N
@@ -120,7 +132,7 @@ def test_longest_row(on_cpu, sb, kind):
 
 
 @pytest.mark.parametrize("n,chunk", [(300, None), (16384, None), (3000, 500)])
-def test_cutoff_at_neginf(on_cpu, n, chunk):
+def test_cutoff_at_neginf(on_cpu, chunked, n, chunk):
     """A cutoff at -inf (a short context's pads with valid ids) from the kernel's counts, with no
     radix pass on the score key: k just below, at and above the finite scores, through the -inf
     tie and into the NaN below it; a row with no -inf."""
@@ -186,7 +198,7 @@ def test_a_broken_kernel_fails_here(request, monkeypatch, on_cpu, sb, slip):
         _both_schedules(on_cpu, scores, ids, 700, ref_python(scores, ids, 700), slip)
 
 
-def test_fuzzed_cases(on_cpu, sb):
+def test_fuzzed_cases(on_cpu, sb, chunked):
     """Cases drawn by tools/fuzz_select.py's generator (shapes at the kernels' edges; normal,
     level, bit-pattern, sorted, ulp-apart, octave, short-context and cutoff-bin scores with NaN,
     +-0 and +-inf sprinkled; distinct, positional, duplicated and shared ids, some invalid; rows
@@ -199,13 +211,93 @@ def test_fuzzed_cases(on_cpu, sb):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
     import fuzz_select
 
-    rng = random.Random(25)
-    chunked = 0
+    rng = random.Random(25 if chunked == "chunks" else 26)
+    in_chunks = 0
     for case in range(24):
         c = fuzz_select.draw_block_case(rng, 1 << 17, sb, "cpu", max_rows=8)
         q, n, k, chunk, scores, ids, info = (c[key] for key in ("q", "n", "k", "chunk", "scores", "ids", "info"))
-        chunked += sb.chunking(n, k, chunk)[0] > 1
+        in_chunks += sb.chunking(n, k, chunk)[0] > 1
         got = on_cpu(scores, ids, k, chunk, case + 1)
         why = fuzz_select.mismatch(got, ref_packed(scores.contiguous(), ids.contiguous(), k))
         assert why is None, f"case {case}: q={q} n={n} k={k} chunk={chunk} {info}: {why}"
-    assert chunked >= 3
+    assert in_chunks >= 3
+
+
+def _packed(bits: int, ident: int) -> int:
+    """The packed key of a candidate (score key above inverted id), 0 for a pad: plain Python."""
+    if ident < 0:
+        return 0
+    s = bits if bits >= 0 else bits ^ 0x7FFFFFFF
+    if (bits & 0x7FFFFFFF) > 0x7F800000:
+        s = -0x7FFFFFFF  # (0x80000001: NaN, below -inf)
+    return (((s & 0xFFFFFFFF) ^ 0x80000000) << 31) | (0x7FFFFFFF - ident)
+
+
+def _sampled_status(mod, scores, ids, k):
+    """What the sampled keep should leave a row, from its rule in plain Python: (kept, valid,
+    status), status -1 where the kept ones may miss a winner or do not fit."""
+    q, n = scores.shape
+    chunks, chunk, kc = mod.chunking(n, k)
+    w = max(chunks * kc, min(mod.TILE_N, int(mod.SAMPLED_WIDTH * k)))
+    target = max(1, min(int(mod.SAMPLED_TARGET * k), 3 * w // 4))
+    out = []
+    for r in range(q):
+        keys = [_packed(b, i) for b, i in zip(scores[r].view(torch.int32).tolist(), ids[r].tolist())]
+        s = min(n, getattr(mod, "SAMPLES", 2048))  # (the counted sample's: 512)
+        sample = sorted((keys[j * n // s] for j in range(s)), reverse=True)
+        cut = sample[min(s, max(1, -(-target * s // n))) - 1]
+        valid = sum(i >= 0 for i in ids[r].tolist())
+        kept = sum(1 for key, i in zip(keys, ids[r].tolist()) if i >= 0 and key >= cut)
+        out.append((kept, valid, kept if kept <= w and (kept >= k or kept == valid) else -1))
+    return out
+
+
+def test_sampled_keep_serves_rows_and_the_chunks_the_rest(sb, monkeypatch):
+    """The sampled keep (a counted sample, a keep by warps): the keep's status a row against the
+    rule in plain Python, and an exact output both where the keep serves the row and where the
+    chunks do: a sample that sees only the row's best (too few kept), one key throughout (too
+    many), fewer valid than k."""
+    if not hasattr(sb, "SAMPLED_MIN_ROWS"):
+        pytest.skip("this module has no sampled keep")
+    monkeypatch.setattr(sb, "SAMPLED_MIN_ROWS", 1)
+    mod = sb
+    run = BlockOnCpu(mod)
+    g = torch.Generator().manual_seed(9)
+    n, k = 40000, 2048
+    scores = torch.randn(3, n, generator=g)
+    ids = torch.stack([torch.randperm(n, generator=g) for _ in range(3)]).to(torch.int32)
+    at = torch.arange(2048) * n // 2048  # row 1: the sampled positions hold its best
+    scores[1, at] = 10 + torch.rand(2048, generator=g)
+    ids[2, 500:] = -1  # row 2: 500 valid
+    scores[2, 500:] = float("-inf")
+    cases = [("sampled", scores, ids, k), ("one key", torch.ones(2, 20000), torch.full((2, 20000), 7, dtype=torch.int32), 1500)]
+    for what, s, i, kk in cases:
+        monkeypatch.setattr(mod, "STATS", [])
+        check_equal(run(s, i, kk, seed=6), ref_packed(s, i, kk), what)
+        got = [tuple(x) for x in mod.STATS[0][:, [0, 1, 3]].tolist()]
+        assert got == _sampled_status(mod, s, i, kk), what
+    assert [st for _, _, st in got] == [-1, -1]  # one key: more than the workspace holds
+    assert [st >= 0 for _, _, st in _sampled_status(mod, scores, ids, k)] == [True, False, True]
+    assert {kind for _, kind in run.launched} == {"sample", "keep", "chunks_gated", "merge_gated"}
+
+
+def test_a_slip_in_the_counted_sample_shows_in_the_rows_status(sb, monkeypatch):
+    """The counted sample's cutoff: with the r-th largest's test one short, no
+    key passes it and the row's cutoff is whatever its slot held, so the keep's counts leave the
+    rule's: the output stays exact (a row the keep cannot serve falls back to the chunks) and only
+    the status against the rule in plain Python shows the slip."""
+    good, bad = "gt[m] < r && r <= ge[m]", "gt[m] < r && r < ge[m]"
+    if not hasattr(sb, "SAMPLED_MIN_ROWS"):
+        pytest.skip("this module has no sampled keep")
+    text = sb.SAMPLED_SOURCES["sample"]
+    assert text.count(good) == 1
+    monkeypatch.setitem(sb.SAMPLED_SOURCES, "sample", text.replace(good, bad))  # (source() reads it at each call)
+    monkeypatch.setattr(sb, "SAMPLED_MIN_ROWS", 1)
+    mod = sb
+    g = torch.Generator().manual_seed(13)
+    scores = torch.randn(2, 40000, generator=g)
+    ids = torch.stack([torch.randperm(40000, generator=g) for _ in range(2)]).to(torch.int32)
+    monkeypatch.setattr(mod, "STATS", [])
+    check_equal(BlockOnCpu(mod)(scores, ids, 2048, seed=1), ref_packed(scores, ids, 2048), "slip: exact by the fallback")
+    got = [tuple(x) for x in mod.STATS[0][:, [0, 1, 3]].tolist()]
+    assert got != _sampled_status(mod, scores, ids, 2048)

@@ -1162,7 +1162,8 @@ BLOCK_SHAPES = [(5, 16384, 2048, 16384), (64, 9000, 2048, 9000), (33, 12001, 102
                 (300, 5000, 2048, 5000), (5, 4096, 1, 4200), (9, 100, 2048, 100), (6, 1, 7, 1),
                 # long rows: chunks, then their merge
                 (5, 16385, 2048, 16400), (8, 40000, 1000, 40000), (6, 131072, 2048, 131072), (8, 100000, 3, 100001),
-                (500, 30000, 2048, 30000)]
+                # from SAMPLED_MIN_ROWS (64) rows: the sampled keep (the chunks for rows it may miss a winner in)
+                (500, 30000, 2048, 30000), (64, 131072, 2048, 131072), (70, 65536, 700, 65600)]
 
 
 def test_block_path_one_function_a_tile_serves_every_shape():
@@ -1181,6 +1182,8 @@ def test_block_path_one_function_a_tile_serves_every_shape():
     dev = torch.cuda.current_device()
     kernels = {(dev, t, kind) for q, n, k, _ in BLOCK_SHAPES for kind, t in sk.launch_plan(q, n, k)[2:]}
     assert sk.launch_plan(6, 131072, 2048)[2:] == (("chunks", 1024), ("merge", 1024))
+    assert sk.launch_plan(64, 131072, 2048)[2:] == (("sample", 256), ("keep", 256), ("chunks_gated", 1024),
+                                                    ("merge_gated", 1024))
     assert kernels <= set(select_block._KERNELS)
     before = len(select_block._KERNELS)
     for kind in ("random", "nandups", "padding"):
@@ -1192,6 +1195,20 @@ def test_block_path_one_function_a_tile_serves_every_shape():
     assert len(select_block._KERNELS) == before
 
 
+@pytest.fixture(params=["chunks", "sampled"])
+def chunked(request, monkeypatch):
+    """The two ways the block path runs rows in chunks: the chunks then their merge (calls of fewer
+    than ``SAMPLED_MIN_ROWS`` rows), or the sampled keep (the chunks serving only the rows where it
+    may miss a winner); the tests of rows in chunks run both."""
+    from tpflare.ops import select_block
+
+    if hasattr(select_block, "SAMPLED_MIN_ROWS"):
+        monkeypatch.setattr(select_block, "SAMPLED_MIN_ROWS", 1 if request.param == "sampled" else 1 << 30)
+    elif request.param == "sampled":
+        pytest.skip("this module has no sampled keep")
+    return request.param
+
+
 # (n, k, chunk): chunks of one candidate, a last chunk of one, chunks shorter than k, k beyond n
 BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2047), (1000, 2048, 100),
                 (6144, 100, 1000), (5000, 2048, 4096), (300, 300, 150)]
@@ -1199,7 +1216,7 @@ BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,k,chunk", BLOCK_CHUNKS)
-def test_block_path_chunks_and_their_merge_against_python(kind, n, k, chunk):
+def test_block_path_chunks_and_their_merge_against_python(chunked, kind, n, k, chunk):
     """A row cut into chunks (select_block.chunking): a block a chunk keeps its best in no order
     with their positions in the row, a block a row merges them; ties broken by id, then by
     position across chunks (duplicate ids, NaN payloads), pads, -inf, +-0: against a plain sort."""
@@ -1214,7 +1231,7 @@ def test_block_path_chunks_and_their_merge_against_python(kind, n, k, chunk):
 
 
 @pytest.mark.parametrize("n,chunk", [(6000, 1500), (6000, 4096), (40000, None)])
-def test_block_path_merge_orders_equal_keys_by_position(n, chunk):
+def test_block_path_merge_orders_equal_keys_by_position(chunked, n, chunk):
     """Equal keys (one id twice, both NaN, payloads differ) in the chunks' winners: the merge
     orders them by their positions in the row, not by where the chunks wrote them (warps append a
     chunk's winners in no fixed order). Each id sits at positions p and p + 32 (neighbouring warps
@@ -1242,7 +1259,7 @@ def test_block_path_merge_orders_equal_keys_by_position(n, chunk):
 
 @pytest.mark.parametrize("kind", ["random", "special", "padding", "dups", "nandups"])
 @pytest.mark.parametrize("n", [16385, 40000, 131072])
-def test_block_path_long_rows(kind, n):
+def test_block_path_long_rows(chunked, kind, n):
     """Rows beyond a block's 16384 candidates (2 to 8 chunks) at k of 1, 100 and 2048 and a few
     row counts, with a row stride, against the packed reference."""
     _require_kernel()
@@ -1276,7 +1293,7 @@ def neginf_cutoff_case(q: int, n: int):
 
 
 @pytest.mark.parametrize("n,chunk", [(300, None), (16384, None), (50000, None), (3000, 500)])
-def test_block_path_cutoff_at_neginf(n, chunk):
+def test_block_path_cutoff_at_neginf(chunked, n, chunk):
     """The block kernel takes a cutoff at -inf (a short context's pads with valid ids) from its
     counts, with no radix pass on the score key: k just below, at and above the finite scores,
     through the -inf tie, and into the NaN below it; rows with no -inf; against the references."""

@@ -4,11 +4,13 @@ tools/fuzz_select.py's generator (its shapes capped, a third in shorter chunks t
 each under its own random thread schedule, bit for bit against the packed-key reference.
 
     python tools/fuzz_block_cpu.py --seconds 600 [--seed S] [--module bench-variant.py] [--max-elems N]
-                                   [--out fuzz.json] [--save DIR]
+                                   [--sampled-min-rows R] [--out fuzz.json] [--save DIR]
 
-``--module``: a copy of ops/select_block.py (a variant written by bench/block_variants.py). A
-variant that keeps each chunked call's row status in ``STATS`` (``sampled``) also gets its rows
-counted by who served them: ``rows_kept`` (the sampled keep), ``rows_chunks`` (the chunks).
+``--module``: a copy of ops/select_block.py (a variant written by bench/block_variants.py).
+``--sampled-min-rows R`` sets the module's ``SAMPLED_MIN_ROWS`` (1: every call in chunks takes the
+sampled keep; the shipped 64 is beyond these cases' 16 rows). The rows the sampled keep saw (the
+module's ``STATS``) are counted by who served them: ``rows_kept`` (the keep), ``rows_chunks`` (the
+chunks).
 Exit status 1 when any case mismatched or a launch failed (a deadlock, a crash, a hang).
 """
 from __future__ import annotations
@@ -38,12 +40,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--module", help="a copy of ops/select_block.py to fuzz instead of the shipped one")
     ap.add_argument("--max-elems", type=int, default=1 << 18, help="at most this many candidates a case (Q x N)")
+    ap.add_argument("--sampled-min-rows", type=int, help="the module's SAMPLED_MIN_ROWS (1: the sampled keep always)")
     ap.add_argument("--out", help="write the summary (JSON) here")
     ap.add_argument("--save", help="write each failing case's inputs into this folder")
     a = ap.parse_args(argv)
     mod = load_module(a.module) if a.module else select_block
     run = BlockOnCpu(mod)
-    counts = hasattr(mod, "STATS")  # (a sampled variant: each chunked call's rows' status)
+    if a.sampled_min_rows is not None:
+        mod.SAMPLED_MIN_ROWS = a.sampled_min_rows
+    counts = hasattr(mod, "STATS")  # (each sampled call's rows' status)
     if counts:
         mod.STATS = []
     rng = random.Random(a.seed)
@@ -67,7 +72,8 @@ def main(argv=None) -> int:
             if a.save:
                 os.makedirs(a.save, exist_ok=True)
                 torch.save(dict(scores=scores, ids=ids, **case), os.path.join(a.save, f"case{len(bad)}.pt"))
-    summary = dict(module=a.module or "ops/select_block.py", seconds=round(time.time() - t0, 1), seed=a.seed,
+    summary = dict(module=a.module or "ops/select_block.py", sampled_min_rows=getattr(mod, "SAMPLED_MIN_ROWS", None),
+                   seconds=round(time.time() - t0, 1), seed=a.seed,
                    cases=cases, chunked=chunked, mismatches=len(bad), first=bad[:5])
     if counts:
         status = torch.cat([st[:, 3] for st in mod.STATS]) if mod.STATS else torch.zeros(0)
