@@ -92,8 +92,8 @@ import time
 
 import torch
 
-__all__ = ["available", "supports", "tile", "chunking", "plan_kernels", "source", "block_select", "compile_tile",
-           "KINDS", "MAX_N", "TILE_N", "TILES"]
+__all__ = ["available", "supports", "tile", "chunking", "sampled", "plan_kernels", "source", "block_select",
+           "compile_tile", "KINDS", "MAX_N", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
 
 log = logging.getLogger("tpflare.select_block")
 

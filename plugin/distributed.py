@@ -167,7 +167,7 @@ def check_compile_agrees(settings, example_inputs: Sequence[Any], *, ranks: Sequ
             "tpflare knobs must be identical on every rank (they decide rewrites and "
             "compositions): " + "; ".join(diffs))
     inputs = []
-    for i, sig in enumerate(mine["inputs"]):
+    for i in range(len(mine["inputs"])):
         values = {r: theirs["inputs"][i] if i < len(theirs["inputs"]) else "absent"
                   for r, theirs in zip(ranks, every)}
         if len(set(values.values())) > 1:

@@ -85,7 +85,7 @@ def draw_compiled(seed: int, world: int, index: int) -> tuple[int, int, int, int
     return q, c, k, case_seed, q2, rng.random() < 0.5, rng.random() < 0.4
 
 
-def rank_compiled_cases(rank: int, world: int, seed: int, cases: int, cache_dir: str) -> list:
+def rank_compiled_cases(rank: int, world: int, seed: int, cases: int, cache_dir: str) -> tuple[list, list]:
     """What one rank runs in the compiled mode: each case's ``tpflare.select_topk`` compiled with
     ``backend="tpflare"`` (a race, the winner bound; under ``dynamic=True`` a table by rows) and
     called at two row counts on the drawn inputs; its mismatches, and the decisions seen."""
