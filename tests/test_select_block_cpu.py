@@ -90,7 +90,10 @@ BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2
 def test_chunks_and_their_merge_against_python(on_cpu, sb, chunked, kind, n, k, chunk):
     """A row cut into chunks: a block a chunk keeps its best in no order with their positions
     in the row (kind ``chunks``), a block a row merges them (``merge``); chunks of one candidate,
-    a last chunk of one, chunks shorter than k, k beyond n."""
+    a last chunk of one, chunks shorter than k, k beyond n. The sampled keep runs every other cell
+    of the grid (each input kind against half the shapes; CI's time); the GPU runs them all."""
+    if chunked == "sampled" and (KINDS.index(kind) + BLOCK_CHUNKS.index((n, k, chunk))) % 2:
+        pytest.skip("the sampled keep: every other cell of this grid (CI's time)")
     assert sb.chunking(n, k, chunk)[0] > 1
     scores, ids = make_case(kind, 2, n, k, seed=n + k + (chunk or 0))
     _both_schedules(on_cpu, scores, ids, k, ref_python(scores, ids, k), f"{kind} n={n} k={k} chunk={chunk}",

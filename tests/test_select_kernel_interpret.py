@@ -19,8 +19,10 @@ than on the GPU: 302-320 s after that (451 tests), a box whose times vary by a f
 whole-suite run of 842 s on a later day (456 tests); 368 s alone on 2026-12-05 (483 tests), after
 which each digit width runs on one path here (480 tests, 375-416 s on a shared box); then every other
 cell of the three largest grids (the small cases, the final orderings, the row kernel's sampled
-cutoff: ``test_select_kernel_gpu._interpreter_half``), 274 s alone (295 tests); and of the row
-kernel's mass ties in registers and the staged path's narrowing, 240 s alone (280 tests).
+cutoff), 274 s alone (295 tests); and of the row
+kernel's mass ties in registers and the staged path's narrowing, 240 s alone (280 tests); a
+third of those five grids' cells since session 30 (``_interpreter_third``), the whole suite having
+reached 974 s on this box.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ SUBSET = ("small or clustered or order_buckets or final_orderings or no_candidat
           " or (digit_widths and not 3-registers and not 7-registers and not 8-chunked)"
           " or references or rank_play or narrowing or mass_tie or refine_every_bin or refine_threshold or sampled"
           " or smallest_cut or tie_cut or fuzz")
-MIN_TESTS = 280  # the subset's size today: fewer passing means tests went missing
+MIN_TESTS = 213  # the subset's size today: fewer passing means tests went missing
 
 
 @pytest.mark.timeout(1200)
