@@ -959,7 +959,8 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
     (a row stride is free), ``N <= MAX_N``, ``1 <= k <= MAX_K``: the caller
     (``select_kernel.triton_ordered_select``) checks them. ``chunk``: see ``chunking`` (rows of
     more than ``TILE_N`` candidates, or a shorter ``chunk``, run in two launches: the chunks'
-    best, then their merge)."""
+    best, then their merge; from ``SAMPLED_MIN_ROWS`` rows in four: the sample, the keep, the
+    chunks where the keep may miss a winner, the merge)."""
     q, n = scores.shape
     dev = scores.device
     out_ids = torch.empty((q, k), dtype=torch.int32, device=dev)
@@ -975,42 +976,32 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
                   out_ids.stride(0), out_sc.stride(0), 0, out_ids])
         return out_ids, out_sc
     m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
-    if not sampled(q):  # the chunks, then their merge
-        w_ids = torch.empty((q, m), dtype=torch.int32, device=dev)
-        w_sc = torch.empty((q, m), dtype=torch.float32, device=dev)
-        w_pos = torch.empty((q, m), dtype=torch.int32, device=dev)
-        t1, t2 = tile(chunk), tile(m)
-        compile_tile(t1, dev.index, "chunks")(  # (no ordering: no dynamic shared memory)
-            grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
-            args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, m, m, m,
-                  out_ids])
-        compile_tile(t2, dev.index, "merge")(
-            grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
-            args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, m, m, m, out_ids.stride(0), out_sc.stride(0),
-                  0, out_ids])
-        return out_ids, out_sc
-    w, target = sampled_sizes(chunks, kc, k)
+    keep = sampled(q)
+    w, target = sampled_sizes(chunks, kc, k) if keep else (m, 0)  # the workspace row
     w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
     w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)
     w_pos = torch.empty((q, w), dtype=torch.int32, device=dev)
-    cut = torch.empty((q,), dtype=torch.int64, device=dev)
-    stat = torch.empty((q, 4), dtype=torch.int32, device=dev)
-    compile_tile(SAMPLE_THREADS, dev.index, "sample")(
-        grid=(q, 1, 1), block=(SAMPLE_THREADS, 1, 1), shared_mem=0,
-        args=[scores, ids, cut, stat, n, target, scores.stride(0), ids.stride(0)])
-    compile_tile(KEEP_THREADS, dev.index, "keep")(
-        grid=(q, -(-n // (KEEP_THREADS * KEEP_ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
-        args=[scores, ids, cut, stat, w_ids, w_sc, w_pos, n, w, k, scores.stride(0), ids.stride(0), w])
+    gate, kinds = out_ids, ("chunks", "merge")  # (the ungated kinds read no status: any pointer)
+    if keep:  # the sample's cutoff; the keep fills the workspace row and writes each row's status
+        cut = torch.empty((q,), dtype=torch.int64, device=dev)
+        gate = torch.empty((q, 4), dtype=torch.int32, device=dev)
+        kinds = ("chunks_gated", "merge_gated")
+        compile_tile(SAMPLE_THREADS, dev.index, "sample")(
+            grid=(q, 1, 1), block=(SAMPLE_THREADS, 1, 1), shared_mem=0,
+            args=[scores, ids, cut, gate, n, target, scores.stride(0), ids.stride(0)])
+        compile_tile(KEEP_THREADS, dev.index, "keep")(
+            grid=(q, -(-n // (KEEP_THREADS * KEEP_ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
+            args=[scores, ids, cut, gate, w_ids, w_sc, w_pos, n, w, k, scores.stride(0), ids.stride(0), w])
     t1, t2 = tile(chunk), tile(w)
-    compile_tile(t1, dev.index, "chunks_gated")(  # (rows whose keep may miss a winner; the others return)
+    compile_tile(t1, dev.index, kinds[0])(  # (no ordering: no dynamic shared memory; gated: the rows of status -1)
         grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
-        args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, w, w, w, stat])
-    compile_tile(t2, dev.index, "merge_gated")(
+        args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, w, w, w, gate])
+    compile_tile(t2, dev.index, kinds[1])(
         grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
         args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, w, w, w, out_ids.stride(0), out_sc.stride(0), 0,
-              stat])
-    if STATS is not None:
-        STATS.append(stat)
+              gate])
+    if keep and STATS is not None:
+        STATS.append(gate)
     return out_ids, out_sc
 
 

@@ -43,3 +43,18 @@ def pytest_collection_modifyitems(config, items):
             if interpret and item.path.name == "test_select_kernel_gpu.py":
                 continue  # the kernel's tests run in the Triton interpreter on the CPU
             item.add_marker(skip)
+
+
+@pytest.fixture(params=["chunks", "sampled"])
+def chunked(request, monkeypatch):
+    """The two ways the block path (ops/select_block.py, or the variant ``--block-module`` puts in
+    its place) runs rows in chunks: the chunks then their merge (calls of fewer than
+    ``SAMPLED_MIN_ROWS`` rows), or the sampled keep, the chunks serving only the rows where it may
+    miss a winner; each test of rows in chunks (CPU runner and GPU) runs both."""
+    from tpflare.ops import select_block
+
+    if hasattr(select_block, "SAMPLED_MIN_ROWS"):
+        monkeypatch.setattr(select_block, "SAMPLED_MIN_ROWS", 1 if request.param == "sampled" else 1 << 30)
+    elif request.param == "sampled":
+        pytest.skip("this module has no sampled keep")
+    return request.param

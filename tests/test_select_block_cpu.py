@@ -43,18 +43,6 @@ def on_cpu(sb):
     return BlockOnCpu(sb)
 
 
-@pytest.fixture(params=["chunks", "sampled"])
-def chunked(request, sb, monkeypatch):
-    """The two ways rows in chunks run: the chunks then their merge (calls of fewer than
-    ``SAMPLED_MIN_ROWS`` rows), or the sampled keep, the chunks serving only the rows where it may
-    miss a winner; each test of rows in chunks runs both."""
-    if hasattr(sb, "SAMPLED_MIN_ROWS"):
-        monkeypatch.setattr(sb, "SAMPLED_MIN_ROWS", 1 if request.param == "sampled" else 1 << 30)
-    elif request.param == "sampled":
-        pytest.skip("this module has no sampled keep")
-    return request.param
-
-
 def _launches(sb, n, k, chunk=None, q=None):
     """The (threads, kind) of a call's launches by the module's plan (a variant's may depend on the rows)."""
     kw = {"q": q} if "q" in inspect.signature(sb.plan_kernels).parameters else {}

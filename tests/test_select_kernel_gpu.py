@@ -1196,20 +1196,6 @@ def test_block_path_one_function_a_tile_serves_every_shape():
     assert len(select_block._KERNELS) == before
 
 
-@pytest.fixture(params=["chunks", "sampled"])
-def chunked(request, monkeypatch):
-    """The two ways the block path runs rows in chunks: the chunks then their merge (calls of fewer
-    than ``SAMPLED_MIN_ROWS`` rows), or the sampled keep (the chunks serving only the rows where it
-    may miss a winner); the tests of rows in chunks run both."""
-    from tpflare.ops import select_block
-
-    if hasattr(select_block, "SAMPLED_MIN_ROWS"):
-        monkeypatch.setattr(select_block, "SAMPLED_MIN_ROWS", 1 if request.param == "sampled" else 1 << 30)
-    elif request.param == "sampled":
-        pytest.skip("this module has no sampled keep")
-    return request.param
-
-
 # (n, k, chunk): chunks of one candidate, a last chunk of one, chunks shorter than k, k beyond n
 BLOCK_CHUNKS = [(37, 5, 1), (37, 5, 4), (100, 64, 16), (300, 1, 7), (2048, 64, 2047), (1000, 2048, 100),
                 (6144, 100, 1000), (5000, 2048, 4096), (300, 300, 150)]
