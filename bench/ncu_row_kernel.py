@@ -1,4 +1,5 @@
-"""Where the row kernel's warps stall, source line by source line (Nsight Compute on a GPU host).
+"""Where the row kernel's (or the block kernel's) warps stall, source line by source line (Nsight
+Compute on a GPU host).
 
     ncu --import-source yes --set full -k regex:'^_row_kernel$' -c 1 -o row \\
         python3 bench/ncu_row_kernel.py run --q 1024 --pattern random
@@ -12,6 +13,11 @@ the profiled launch is a compiled one. ``summary`` adds up ncu's warp-state samp
 line (Triton's line info points at ``ops/*.py``) and prints the lines with the most samples,
 each with its three largest stall reasons: what a change should shorten; with ``--details``,
 first the kernel-wide figures of ``DETAILS`` (duration, IPC, occupancy, spill requests).
+
+The block path's kernel (``ops/select_block.py``, NVRTC; the dispatcher's pick from 5 rows of up
+to 16384): ``run --block-source /tmp/block.cu`` writes each source NVRTC gets to that file, behind a
+``#line`` directive naming it, and compiles with ``-lineinfo``, so ncu maps samples to its lines
+(give ncu ``--clock-control none`` and ``-k regex:tpflare_select_rows``).
 """
 from __future__ import annotations
 
@@ -21,7 +27,23 @@ import csv
 import sys
 
 
-def run(q: int, pattern: str, n: int, k: int) -> None:
+def _with_line_info(path: str) -> None:
+    """torch.cuda._compile_kernel, for this process: the source saved to ``path`` (the last one
+    compiled) behind a ``#line`` naming it, compiled with -lineinfo."""
+    import torch
+
+    compile_kernel = torch.cuda._compile_kernel
+
+    def compile_with_lines(src, name, *args, nvcc_options=None, **kw):
+        with open(path, "w") as f:
+            f.write(src)
+        opts = list(nvcc_options or []) + ["-lineinfo"]
+        return compile_kernel(f'#line 1 "{path}"\n' + src, name, *args, nvcc_options=opts, **kw)
+
+    torch.cuda._compile_kernel = compile_with_lines
+
+
+def run(q: int, pattern: str, n: int, k: int, block_source: str | None = None) -> None:
     import torch
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -29,6 +51,8 @@ def run(q: int, pattern: str, n: int, k: int) -> None:
 
     from tpflare.ops import select_kernel as sk
 
+    if block_source:
+        _with_line_info(block_source)
     s, i = make_inputs(q, n, pattern, seed=0)
     for _ in range(2):
         sk.triton_ordered_select(s, i, k)
@@ -105,6 +129,7 @@ def main(argv=None) -> int:
     r.add_argument("--n", type=int, default=16384)
     r.add_argument("--k", type=int, default=2048)
     r.add_argument("--pattern", default="random")
+    r.add_argument("--block-source", help="save the block kernel's NVRTC source here and compile it with line info")
     s = sub.add_parser("summary")
     s.add_argument("csv")
     s.add_argument("--top", type=int, default=25)
@@ -115,7 +140,7 @@ def main(argv=None) -> int:
     d.add_argument("--top", type=int, default=30)
     a = ap.parse_args(argv)
     if a.cmd == "run":
-        run(a.q, a.pattern, a.n, a.k)
+        run(a.q, a.pattern, a.n, a.k, a.block_source)
     elif a.cmd == "diff":
         diff(a.base_csv, a.other_csv, a.top)
     else:
