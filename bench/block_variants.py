@@ -532,12 +532,62 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
+# the ordering's part statistics (each part's largest and smallest packed key and its count) by warp
+# reductions, one atomic of each a warp and part, not one a winner: random scores put every winner in
+# one part (positive keys), so 2048 64-bit atomics a block hit each of its three addresses
+_PART_WARP = [
+    ("      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);", "      atomicAdd(&sm.pc[part[w]], 1);", """      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);  // (score key's top bit: a positive score)
+    }
+    const u64 kw = i < nsel ? (u64)sm.wkey[i] : 0;
+#pragma unroll
+    for (int p = 0; p < 3; ++p) {
+      const u32 in = __ballot_sync(FULL, part[w] == p);
+      if (in == 0) continue;  // (the whole warp)
+      u64 h = part[w] == p ? kw : 0, l = part[w] == p ? kw : ~0ull;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        h = max(h, __shfl_xor_sync(FULL, h, o));
+        l = min(l, __shfl_xor_sync(FULL, l, o));
+      }
+      if (lane == 0) {
+        atomicMax(&sm.ph[p], h);
+        atomicMin(&sm.pl[p], l);
+        atomicAdd(&sm.pc[p], __popc(in));
+      }
+"""),
+]
+
+# a block a row (kind row) hints the L2 to fetch the row the next wave will run on its SM (row +
+# the SM count, %nsmid): a line of the row's scores or ids a thread, once this row is in registers,
+# so it streams while this block selects (the waves of 1024 x 16384 load in step, one block an SM;
+# session 24: 8,000-9,000 cycles of about 44,000 a block). Only a hint: no result depends on it
+_L2_NEXT = [
+    ("  const int nsel = min(K, nvalid);", "  const int nsel = min(K, nvalid);", """  const int nsel = min(K, nvalid);
+#if MODE == 0 && defined(__CUDA_ARCH__)
+  {
+    u32 nsm;
+    asm volatile("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+    const i64 nxt = row + (i64)nsm;
+    if (nxt < (i64)gridDim.x) {
+      const int lines = (N * 4 + 127) >> 7;  // 128-byte lines of each array's row
+      const char* ps = reinterpret_cast<const char*>(scores + nxt * s_sq);
+      const char* pi = reinterpret_cast<const char*>(ids + nxt * s_iq);
+      for (int l = tid; l < 2 * lines; l += THREADS) {
+        const char* p = l < lines ? ps + ((i64)l << 7) : pi + ((i64)(l - lines) << 7);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+      }
+    }
+  }
+#endif
+"""),
+]
+
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
 # are in the repository's history)
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
+            "part_warp": _PART_WARP, "l2_next": _L2_NEXT, "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:
