@@ -582,12 +582,125 @@ _L2_NEXT = [
 """),
 ]
 
+# the ordering by a sort, not buckets: each warp sorts its 32 x E winners (E = 2048 / THREADS, pads
+# past nsel) by a bitonic network in registers and shuffles; then rounds of merges in shared memory,
+# each thread finding where its E outputs start by a binary search (merge path), until a run holds
+# every winner. Order: packed key descending, then position ascending (equal keys: a duplicate id).
+# Session 24's profile: the bucket ordering took 12,000-16,500 of about 44,000 cycles a block at
+# 16384 candidates, 25,000-32,500 at 4096; a 2048-element sort is 15 shuffle stages and 5 merges
+_ORDER_MERGE = [
+    ("#define SPLIT 16  // a bucket of more winners than this: the second level", "#define KEY_NEGINF 0x007FFFFFu", r"""
+// a comes before b in the output: a larger packed key; equal keys (a duplicate id) by position in the
+// row; pads (index >= nsel) have keys -1 - index, below every winner's and all different
+__device__ __forceinline__ bool before(i64 ka, int ia, i64 kb, int ib, const Smem& sm, const int* __restrict__ prow) {
+  if (ka != kb) return ka > kb;
+#if MODE & POS_IN
+  return __ldg(prow + sm.wpos[ia]) < __ldg(prow + sm.wpos[ib]);
+#else
+  return sm.wpos[ia] < sm.wpos[ib];
+#endif
+}
+
+// The nsel winners (sm.wkey, sm.wpos) in output order to sm.mem (their indices): a bitonic sort of
+// each warp's 32 x E slots in registers, then merges of runs in shared memory (dyn: two key
+// buffers of KMAX; sm.off and sm.mem their indices) until one run holds every winner.
+__device__ void order_winners(Smem& sm, u64* dyn, int nsel, const int* __restrict__ prow) {
+  constexpr int E = KMAX / THREADS;  // slots a thread
+  constexpr int L = 32 * E;          // a warp's run
+  const int tid = threadIdx.x, lane = tid & 31;
+  i64 key[E];
+  int idx[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int g = tid * E + e;  // (a warp's run: slots warp * L .. + L, lane-major)
+    idx[e] = g;
+    key[e] = g < nsel ? sm.wkey[g] : -1 - (i64)g;
+  }
+#pragma unroll
+  for (int k = 2; k <= L; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      if (j < E) {  // both in this thread
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          if ((e & j) == 0) {
+            const int v = lane * E + e;
+            const bool up = (v & k) == 0;  // this block of the network puts the first one lower
+            if (before(key[e | j], idx[e | j], key[e], idx[e], sm, prow) == up) {
+              const i64 tk = key[e]; key[e] = key[e | j]; key[e | j] = tk;
+              const int ti = idx[e]; idx[e] = idx[e | j]; idx[e | j] = ti;
+            }
+          }
+        }
+      } else {  // the partner in lane ^ (j / E), same slot
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const int v = lane * E + e;
+          const i64 yk = __shfl_xor_sync(FULL, key[e], j / E);
+          const int yi = __shfl_xor_sync(FULL, idx[e], j / E);
+          const bool up = (v & k) == 0, lower = (v & j) == 0;
+          const bool xfirst = before(key[e], idx[e], yk, yi, sm, prow);
+          if (xfirst != (lower == up)) {
+            key[e] = yk;
+            idx[e] = yi;
+          }
+        }
+      }
+    }
+  }
+  int rounds = 0;
+  for (int r = L; r < nsel; r <<= 1) ++rounds;
+  i64* kbuf[2] = {reinterpret_cast<i64*>(dyn), reinterpret_cast<i64*>(dyn) + KMAX};
+  int* ibuf[2] = {sm.mem, sm.off};
+  int cur = rounds & 1;  // (the last round writes buffer 0: sm.mem)
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    kbuf[cur][tid * E + e] = key[e];
+    ibuf[cur][tid * E + e] = idx[e];
+  }
+  __syncthreads();
+  for (int R = L; R < nsel; R <<= 1) {  // runs of R to runs of 2R; a thread's E outputs
+    const i64* ka = kbuf[cur];
+    const int* ia = ibuf[cur];
+    const int o = tid * E, s = o & ~(2 * R - 1), d = o - s;
+    int lo = max(0, d - R), hi = min(d, R);
+    while (lo < hi) {  // how many of the first d outputs come from run A = [s, s + R)
+      const int mid = (lo + hi) >> 1;
+      const int b = s + R + d - 1 - mid;
+      if (before(ka[s + mid], ia[s + mid], ka[b], ia[b], sm, prow)) lo = mid + 1;
+      else hi = mid;
+    }
+    int i = s + lo, j = s + R + d - lo;
+    const int ie = s + R, je = s + 2 * R;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const bool fromA = j >= je || (i < ie && before(ka[i], ia[i], ka[j], ia[j], sm, prow));
+      key[e] = fromA ? ka[i] : ka[j];
+      idx[e] = fromA ? ia[i] : ia[j];
+      i += fromA;
+      j += !fromA;
+    }
+    cur ^= 1;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      kbuf[cur][o + e] = key[e];
+      ibuf[cur][o + e] = idx[e];
+    }
+    __syncthreads();
+  }
+}
+
+#define KEY_NEGINF 0x007FFFFFu  // order_key of -inf (the pad's score)
+"""),
+]
+
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
 # are in the repository's history)
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "part_warp": _PART_WARP, "l2_next": _L2_NEXT, "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
+            "part_warp": _PART_WARP, "l2_next": _L2_NEXT, "order_merge": _ORDER_MERGE,
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:
