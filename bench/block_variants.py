@@ -694,12 +694,34 @@ __device__ void order_winners(Smem& sm, u64* dyn, int nsel, const int* __restric
 """),
 ]
 
+# a radix pass's histogram in 8 copies (sm.mem, free until the winners: bin b's copy c at 8 b + c),
+# lane l adding to copy l & 7: lanes of one warp whose candidates fall in one bin hit up to 8
+# addresses, not one (random normal scores' first digit, the sign and 7 exponent bits, crowds a
+# few bins; a mass tie crowds one); then 256 threads sum the copies into sm.hist (one more barrier)
+_HIST8 = [
+    ("    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;",
+     "    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;", """\
+    for (int i = threadIdx.x; i < 2048; i += THREADS) sm.mem[i] = 0;
+"""),
+    ("        atomicAdd(&sm.hist[b], 1);", "        atomicAdd(&sm.hist[b], 1);", """\
+        atomicAdd(&sm.mem[b * 8 + (lane & 7)], 1);
+"""),
+    ("    if (threadIdx.x < 32) {  // the bin of the (need - above)-th largest", "    if (threadIdx.x < 32) {", """\
+    for (int i = threadIdx.x; i < 256; i += THREADS) {
+      const int* h = sm.mem + i * 8;
+      sm.hist[i] = (h[0] + h[1]) + (h[2] + h[3]) + ((h[4] + h[5]) + (h[6] + h[7]));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // the bin of the (need - above)-th largest: lane l holds bins 255 - 8l - j
+"""),
+]
+
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
 # are in the repository's history)
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "part_warp": _PART_WARP, "l2_next": _L2_NEXT, "order_merge": _ORDER_MERGE,
+            "part_warp": _PART_WARP, "l2_next": _L2_NEXT, "order_merge": _ORDER_MERGE, "hist8": _HIST8,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
