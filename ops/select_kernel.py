@@ -138,7 +138,8 @@ ORDER_BUCKETS = 2  # the row kernel's ordering (radix.order_row) spreads its KB 
 # (select_compile.compile_in_parallel); False: one after another as they launch
 PARALLEL_COMPILE = True
 BLOCK_PATH = True  # choose_path takes the block path (select_block) where it runs and holds the row
-BLOCK_LONG = (8, 2)  # choose_path: the block path for rows beyond a block up to 8 rows, or in at most 2 chunks
+BLOCK_LONG = (8, 2)  # choose_path: the block path for rows beyond a block up to 8 rows, or in at most 2 chunks,
+BLOCK_LONG_WAVES = 1  # or where the rows' chunks make at most this many blocks an SM (session 31)
 BLOCK_SHORT_CHUNK = 8192  # block_chunk: chunks this short where the row's chunks make at most
 BLOCK_SHORT_WAVES = 2  # this many blocks an SM (more blocks in flight at few rows)
 _WARMED: set = set()  # (device, launch plan, options) whose kernels a first call warmed
@@ -181,8 +182,18 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     The block path takes rows beyond ``STAGED_MAX_ROWS`` rows where it runs
     (``select_block.available()``: torch's NVRTC entry point; ``BLOCK_PATH``): rows of up to
     16384 candidates (one block a row), and longer rows (their chunks, then a merge:
-    ``select_block.chunking``, ``block_chunk``) up to ``BLOCK_LONG`` = (8 rows, or 2 chunks), and
-    from ``select_block.SAMPLED_MIN_ROWS`` (64) rows every row of up to 131072 (the sampled keep).
+    ``select_block.chunking``, ``block_chunk``) up to ``BLOCK_LONG`` = (8 rows, or 2 chunks) or
+    while the rows' chunks (the fewest) make at most ``BLOCK_LONG_WAVES`` (1) block an SM
+    (``n_sm``), and from ``select_block.SAMPLED_MIN_ROWS`` (64) rows every row of up to 131072 (the
+    sampled keep).
+    The wave rule (session 31): at 5-8 rows of 65536 and 131072 (32-64 blocks, one wave) the
+    chunks and merge took 0.56-1.0x the row kernel's time, at 64 rows of 65536 (256 blocks, two
+    waves on an H200) 0.97-1.10x, at 64 rows of 131072 (four waves) 1.12-1.67x (H200, session 23,
+    record select_kernel_h200_s23_block_long.json); a block's time does not grow with the rows
+    while they fit one wave (session 24: the same cycles a block at 64 rows as at 1024). On an
+    H100 (session 31, ``--grid long``, record select_kernel_h100_s31_long.json) the row kernel
+    took 0.97x fp32 topk's time on mass ties at 16 rows of 131072 (98.2 against 95.0 µs), where
+    8 rows on the chunks took 55.5. Rows of 9-63 beyond 32768 were not timed on the chunks.
     H200, graph replay, k = 2048 (docs/benchmarks_select_kernel.md, sessions 22 and 23): 8-4096
     rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row kernel's time (64 x
     16384: 24.2 against 30.1 µs; 1024 x 16384: 189-194 against 244); one row 0.70-1.73x the
@@ -228,10 +239,12 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
         return "staged"
     if BLOCK_PATH and select_block.supports(n, k) and select_block.available():
         rows, chunks = BLOCK_LONG
-        if n <= select_block.TILE_N or q <= rows or select_block.chunking(n, k)[0] <= chunks or select_block.sampled(q):
+        n_chunks = select_block.chunking(n, k)[0]
+        if (n <= select_block.TILE_N or q <= rows or n_chunks <= chunks or q * n_chunks <= BLOCK_LONG_WAVES * n_sm
+                or select_block.sampled(q)):
             return "block"
     rows, n_max = STAGED_LONG_ROWS
-    return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k, n_sm: unused)
+    return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k: unused)
 
 
 def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:

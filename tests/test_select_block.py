@@ -116,11 +116,16 @@ def test_dispatcher_takes_the_block_path_beyond_the_staged_rows(block_runs, monk
     assert sk.choose_path(5, 16384, 2048, 132) == "block"
     assert sk.choose_path(4096, 100, 1, 132) == "block"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"  # few rows: the staged path
-    # a long row: its chunks, then their merge (up to 8 rows, or in 2 chunks); from SAMPLED_MIN_ROWS
-    # (64) rows the sampled keep, any row; between, the row kernel
+    # a long row: its chunks, then their merge (up to 8 rows, in 2 chunks, or while the rows' chunks
+    # fit one wave of blocks: a block an SM); from SAMPLED_MIN_ROWS (64) rows the sampled keep, any
+    # row; between, the row kernel
     assert sk.choose_path(1024, 32768, 2048, 132) == "block" and sk.choose_path(63, 16385, 2048, 132) == "block"
     assert sk.choose_path(8, 131072, 2048, 132) == "block" and sk.choose_path(5, 40000, 1, 132) == "block"
-    assert sk.choose_path(9, 32769, 2048, 132) == "row" and sk.choose_path(63, 131072, 2048, 132) == "row"
+    assert sk.choose_path(16, 131072, 2048, 132) == "block" and sk.choose_path(17, 131072, 2048, 132) == "row"
+    assert sk.choose_path(33, 65536, 2048, 132) == "block" and sk.choose_path(34, 65536, 2048, 132) == "row"
+    assert sk.choose_path(44, 32769, 2048, 132) == "block" and sk.choose_path(45, 32769, 2048, 132) == "row"
+    assert sk.choose_path(16, 131072, 2048, 114) == "row"  # (fewer SMs: an H100 PCIe's 114)
+    assert sk.choose_path(63, 131072, 2048, 132) == "row"
     assert sk.choose_path(64, 131072, 2048, 132) == "block" and sk.choose_path(1024, 65536, 2048, 132) == "block"
     assert sk.launch_plan(64, 131072, 2048) == ("block", 2048, ("sample", 256), ("keep", 256), ("chunks_gated", 1024),
                                                 ("merge_gated", 1024))

@@ -1163,6 +1163,8 @@ BLOCK_SHAPES = [(5, 16384, 2048, 16384), (64, 9000, 2048, 9000), (33, 12001, 102
                 (300, 5000, 2048, 5000), (5, 4096, 1, 4200), (9, 100, 2048, 100), (6, 1, 7, 1),
                 # long rows: chunks, then their merge
                 (5, 16385, 2048, 16400), (8, 40000, 1000, 40000), (6, 131072, 2048, 131072), (8, 100000, 3, 100001),
+                # while the rows' chunks make one wave of blocks (a block an SM, 132: session 31)
+                (16, 131072, 2048, 131072), (33, 65536, 1000, 65600),
                 # from SAMPLED_MIN_ROWS (64) rows: the sampled keep (the chunks for rows it may miss a winner in)
                 (500, 30000, 2048, 30000), (64, 131072, 2048, 131072), (70, 65536, 700, 65600)]
 
