@@ -187,9 +187,9 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     (``n_sm``), and from ``select_block.SAMPLED_MIN_ROWS`` (64) rows every row of up to 131072 (the
     sampled keep).
     The wave rule (session 31): at 5-8 rows of 65536 and 131072 (32-64 blocks, one wave) the
-    chunks and merge took 0.56-1.0x the row kernel's time, at 64 rows of 65536 (256 blocks, two
-    waves on an H200) 0.97-1.10x, at 64 rows of 131072 (four waves) 1.12-1.67x (H200, session 23,
-    record select_kernel_h200_s23_block_long.json); a block's time does not grow with the rows
+    chunks and merge took 0.62-1.00x the row kernel's time, at 64 rows of 65536 (256 blocks, two
+    waves on an H200) 0.85-1.10x, at 64 rows of 131072 (four waves) 1.12-1.67x (H200, session 23,
+    records select_kernel_h200_s23_block_long.json and _block_long_variants.json); a block's time does not grow with the rows
     while they fit one wave (session 24: the same cycles a block at 64 rows as at 1024). On an
     H100 (session 31, ``--grid long``, record select_kernel_h100_s31_long.json) the row kernel
     took 0.97x fp32 topk's time on mass ties at 16 rows of 131072 (98.2 against 95.0 µs), where
