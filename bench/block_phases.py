@@ -34,9 +34,7 @@ from block_on_cpu import load_module  # noqa: E402
 
 from tpflare.ops import select_block as sb  # noqa: E402
 
-# (phase name, anchor or its spellings (one must be found, once), "before" / "after"): the stamp goes there.
-# The ordering's ("ord:"): where the module's ordering has none of the spellings, no stamp, and the
-# phase reads 0 (its time goes to the next stamped phase)
+# (phase name, anchor or its spellings (one must be found, once), "before" / "after"): the stamp goes there
 STAMPS = [
     ("load+count", "  const int nsel = min(K, nvalid);\n", "after"),
     ("level1", "    int rem = nsel - ab;\n", "before"),
@@ -51,7 +49,6 @@ STAMPS = [
      "before"),  # (the last: rank_keys, bench/block_variants.py)
     ("ord:members", "  int rank[WPER];\n", "before"),
     ("ord:rank", "  __syncthreads();  // (the member list's space takes the output order)", "before"),
-    ("ord:warpsort", "  int rounds = 0;\n", "before"),  # (bench/block_variants.py's order_merge: then its merges)
     ("ordered", "  int* orow = out_ids + row * s_oi;\n  int* osrow", "before"),
 ]
 NS = len(STAMPS) + 1  # stamp 0: the block's start
@@ -88,8 +85,6 @@ def stamped_source(tile) -> str:
                       "  STAMP(0);\n  u64 _g0 = 0;\n  if (tid == 0) asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(_g0));\n")
     for i, (name, anchors, where) in enumerate(STAMPS, 1):
         found = [a for a in ((anchors,) if isinstance(anchors, str) else anchors) if a in src]
-        if not found and name.startswith("ord:"):
-            continue
         assert len(found) == 1 and src.count(found[0]) == 1, f"anchor of {name}: {found}"
         anchor = found[0]
         stamp = f"  STAMP({i});\n"

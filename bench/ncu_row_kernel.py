@@ -15,9 +15,10 @@ each with its three largest stall reasons: what a change should shorten; with ``
 first the kernel-wide figures of ``DETAILS`` (duration, IPC, occupancy, spill requests).
 
 The block path's kernel (``ops/select_block.py``, NVRTC; the dispatcher's pick from 5 rows of up
-to 16384): ``run --block-source /tmp/block.cu`` writes each source NVRTC gets to that file, behind a
-``#line`` directive naming it, and compiles with ``-lineinfo``, so ncu maps samples to its lines
-(give ncu ``--clock-control none`` and ``-k regex:tpflare_select_rows``).
+to 16384): ``run --block-source /tmp/block.cu`` compiles the kernel with ``-lineinfo`` behind a
+``#line`` directive naming that file, and writes its source there, so ncu maps samples to its lines
+(give ncu ``--clock-control none`` and ``-k regex:tpflare_select_rows``). The file holds the last
+source compiled: profile a call of one kernel (a row of one block), not a long row's chunks and merge.
 """
 from __future__ import annotations
 

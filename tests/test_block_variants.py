@@ -119,10 +119,6 @@ SLIPS = {
     "rank_keys": ("          r += sm.wpos[j] < pp ? 1 : 0;", "          r += sm.wpos[j] <= pp ? 1 : 0;", "nandups"),
     # the spread path's rank of a winner above the cutoff bin: equal keys by position with <=
     "spread": ("(kj == kk && __ldg(wpos + row * K + t) < pp)", "(kj == kk && __ldg(wpos + row * K + t) <= pp)", "nandups"),
-    # the sort's order on equal keys (one id twice) reversed: the later position first
-    "order_merge": ("  return sm.wpos[ia] < sm.wpos[ib];", "  return sm.wpos[ia] > sm.wpos[ib];", "nandups"),
-    # a lane's histogram copy past its bin's eight: counts land in the next bin's
-    "hist8": ("atomicAdd(&sm.mem[b * 8 + (lane & 7)], 1);", "atomicAdd(&sm.mem[b * 8 + (lane & 15)], 1);", "ties"),
 }
 
 
