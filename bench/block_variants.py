@@ -534,7 +534,7 @@ _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024
 
 # the ordering's part statistics (each part's largest and smallest packed key and its count) by warp
 # reductions, one atomic of each a warp and part, not one a winner: random scores put every winner in
-# one part (positive keys), so 2048 64-bit atomics a block hit each of its three addresses
+# one part (positive keys), so each of that part's three addresses takes 2048 atomics a block
 _PART_WARP = [
     ("      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);", "      atomicAdd(&sm.pc[part[w]], 1);", """      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);  // (score key's top bit: a positive score)
     }
