@@ -239,9 +239,10 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
         return "staged"
     if BLOCK_PATH and select_block.supports(n, k) and select_block.available():
         rows, chunks = BLOCK_LONG
-        n_chunks = select_block.chunking(n, k)[0]
-        if (n <= select_block.TILE_N or q <= rows or n_chunks <= chunks or q * n_chunks <= BLOCK_LONG_WAVES * n_sm
-                or select_block.sampled(q)):
+        if n <= select_block.TILE_N or q <= rows or select_block.sampled(q):
+            return "block"
+        n_chunks = select_block.chunking(n, k)[0]  # (a long row's, between: in few chunks, or one wave of them)
+        if n_chunks <= chunks or q * n_chunks <= BLOCK_LONG_WAVES * n_sm:
             return "block"
     rows, n_max = STAGED_LONG_ROWS
     return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k: unused)
