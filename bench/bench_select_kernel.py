@@ -103,6 +103,10 @@ GRIDS = {
     # 23) against the row kernel and the staged path, with --variants --only block,block_c4k,block_c8k,row,staged
     "block_long": [(n, q) for n in (20000, 24576, 32768, 65536, 131072) for q in (5, 8, 64, 256, 1024)]
     + [(n, q) for n in (20000, 32768, 131072) for q in (1, 4)],
+    # rows beyond a block at 9-63 rows (session 32): the row kernel against the chunks and merge (one wave of
+    # chunks, BLOCK_LONG_WAVES, and beyond) and the sampled keep below SAMPLED_MIN_ROWS, with --variants --only
+    # row,block,block_sampled
+    "long_mid": [(n, q) for n in (49152, 65536, 131072) for q in (12, 16, 24, 33, 48, 63)],
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
@@ -245,6 +249,8 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
 
     if n <= select_block.MAX_N:  # the block path (select_block): a block a row, or its chunks' and their merge's
         v["block"] = dict(path="block")
+        if n > select_block.TILE_N:  # the sampled keep at any rows (select_block.SAMPLED_MIN_ROWS set to 1 for the call)
+            v["block_sampled"] = dict(path="block", block_consts=dict(SAMPLED_MIN_ROWS=1))
         for c in (4096, 8192):  # shorter chunks than select_block.chunking's default (more blocks a row)
             if c < n and -(-n // c) * min(k, c) <= select_block.TILE_N:
                 v[f"block_c{c // 1024}k"] = dict(path="block", block_chunk=c)
@@ -253,22 +259,24 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
 
 def select_with(sk, scores, ids, k, kw: dict):
     """triton_ordered_select with a variant's options; its ``consts`` (module constants of
-    select_kernel, such as SPREAD_WARPS) set for the call (the launches read them), then restored;
-    ``block_chunk``: select_block.block_select with that chunk."""
+    select_kernel, such as SPREAD_WARPS) and ``block_consts`` (of select_block, such as
+    SAMPLED_MIN_ROWS) set for the call (the launches read them), then restored; ``block_chunk``:
+    select_block.block_select with that chunk."""
+    from tpflare.ops import select_block
+
     kw = dict(kw)
     if "block_chunk" in kw:
-        from tpflare.ops import select_block
-
         return select_block.block_select(scores, ids, k, chunk=kw["block_chunk"])
-    consts = kw.pop("consts", {})
-    saved = {c: getattr(sk, c) for c in consts}
+    consts = [(sk, c, v) for c, v in kw.pop("consts", {}).items()]
+    consts += [(select_block, c, v) for c, v in kw.pop("block_consts", {}).items()]
+    saved = [(m, c, getattr(m, c)) for m, c, _ in consts]
     try:
-        for c, v in consts.items():
-            setattr(sk, c, v)
+        for m, c, v in consts:
+            setattr(m, c, v)
         return sk.triton_ordered_select(scores, ids, k, **kw)
     finally:
-        for c, v in saved.items():
-            setattr(sk, c, v)
+        for m, c, v in saved:
+            setattr(m, c, v)
 
 
 def bench(args) -> list[dict]:
