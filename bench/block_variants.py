@@ -158,7 +158,7 @@ _RANK_KEYS = [
 # the winners above; "rank" writes each winner above at its rank in its bin (the members before
 # it: a larger packed key, or an equal one at a smaller position) and the pads.
 _SPREAD = [
-    ("def plan_kernels(", "def plan_kernels(", '''\
+    ("def plan_kernels(", ") -> tuple[tuple[str, int], ...]:", '''\
 _SPREAD_BIT = 32  # SOURCE's MODE bit: the finish of the spread path
 KINDS.update({"finish": _POS_IN | _SPREAD_BIT, "hist": 64, "compact": 128, "rank": 192})
 SPREAD_ROWS, SPREAD_THREADS, SPREAD_ITEMS = 4, 256, 8  # up to this many rows of one block; its blocks
@@ -166,15 +166,16 @@ KIND_THREADS = {**globals().get("KIND_THREADS", {}), "hist": SPREAD_THREADS, "co
                 "rank": SPREAD_THREADS}
 
 
-def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None) -> tuple[tuple[str, int], ...]:
+def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None, **kw) -> tuple[tuple[str, int], ...]:
     """As the shipped plan; with ``q`` (rows) up to SPREAD_ROWS and a row of one block, the spread
     path's kernels."""
     if q is not None and q <= SPREAD_ROWS and chunking(n, k, chunk)[0] == 1:
         return (("hist", SPREAD_THREADS), ("compact", SPREAD_THREADS), ("finish", tile(n)), ("rank", SPREAD_THREADS))
-    return _plan_kernels_one_path(n, k, chunk, q)
+    return _plan_kernels_one_path(n, k, chunk, q, **kw)
 
 
-def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None, q: int | None = None) -> tuple[tuple[str, int], ...]:
+def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None, q: int | None = None, *, keep: bool | None = None
+                           ) -> tuple[tuple[str, int], ...]:
 '''),
     ("auto position = [&](int p) -> int {", "auto position = [&](int p) -> int {", """\
   int spread_nab = 0;  // (the spread path's finish: where its output starts in the row)

@@ -52,8 +52,9 @@ A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``:
   are among its chunks' best ``k``. The merge holds ``chunks x kc <= TILE_N``: 8 chunks of
   16384 at k = 2048.
 
-From ``SAMPLED_MIN_ROWS`` (64) rows a call, rows in chunks take the sampled keep instead (session
-30), which reads the row about once rather than selecting each chunk whole:
+From ``SAMPLED_MIN_ROWS`` (64) rows a call (and where the dispatcher asks, ``keep``: beyond one wave
+of chunks, session 32), rows in chunks take the sampled keep instead (session 30), which reads the
+row about once rather than selecting each chunk whole:
 * kind ``sample``, a block of 256 threads a row: the packed keys of up to 512 evenly spaced
   candidates; the cutoff is the key about ``SAMPLED_TARGET x k`` of the row should reach, the r-th
   largest of the sample, found by counting (each thread its two keys against all 512);
@@ -898,15 +899,16 @@ def sampled(q: int | None) -> bool:
     return q is not None and q >= SAMPLED_MIN_ROWS
 
 
-def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None) -> tuple[tuple[str, int], ...]:
+def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None, *, keep: bool | None = None
+                 ) -> tuple[tuple[str, int], ...]:
     """The kernels a call of ``q`` rows runs, as ``(kind, threads)``: ``(("row", tile),)`` for a row
-    in one block; rows in chunks: ``(("chunks", chunk's tile), ("merge", merge's tile))``, or from
-    ``SAMPLED_MIN_ROWS`` rows the sampled keep's ``sample``, ``keep``, ``chunks_gated`` and
-    ``merge_gated``."""
+    in one block; rows in chunks: ``(("chunks", chunk's tile), ("merge", merge's tile))``, or with
+    the sampled keep (``keep``; default ``sampled(q)``: from ``SAMPLED_MIN_ROWS`` rows) its
+    ``sample``, ``keep``, ``chunks_gated`` and ``merge_gated``."""
     chunks, chunk, kc = chunking(n, k, chunk)
     if chunks == 1:
         return (("row", tile(n)),)
-    if not sampled(q):
+    if not (sampled(q) if keep is None else keep):
         return (("chunks", tile(chunk)), ("merge", tile(chunks * kc)))
     w = sampled_sizes(chunks, kc, k)[0]  # block_select's workspace row
     return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), ("chunks_gated", tile(chunk)), ("merge_gated", tile(w)))
@@ -951,7 +953,7 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
     return kern
 
 
-def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | None = None
+def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | None = None, keep: bool | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
@@ -959,8 +961,10 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
     (a row stride is free), ``N <= MAX_N``, ``1 <= k <= MAX_K``: the caller
     (``select_kernel.triton_ordered_select``) checks them. ``chunk``: see ``chunking`` (rows of
     more than ``TILE_N`` candidates, or a shorter ``chunk``, run in two launches: the chunks'
-    best, then their merge; from ``SAMPLED_MIN_ROWS`` rows in four: the sample, the keep, the
-    chunks where the keep may miss a winner, the merge)."""
+    best, then their merge; with the sampled keep in four: the sample, the keep, the chunks where
+    the keep may miss a winner, the merge). ``keep``: whether rows in chunks take the sampled keep
+    (default ``sampled(q)``: from ``SAMPLED_MIN_ROWS`` rows; ``select_kernel.block_keep`` decides
+    for the dispatcher)."""
     q, n = scores.shape
     dev = scores.device
     out_ids = torch.empty((q, k), dtype=torch.int32, device=dev)
@@ -976,7 +980,7 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
                   out_ids.stride(0), out_sc.stride(0), 0, out_ids])
         return out_ids, out_sc
     m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
-    keep = sampled(q)
+    keep = sampled(q) if keep is None else bool(keep)
     w, target = sampled_sizes(chunks, kc, k) if keep else (m, 0)  # the workspace row
     w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
     w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)

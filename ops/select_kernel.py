@@ -138,8 +138,8 @@ ORDER_BUCKETS = 2  # the row kernel's ordering (radix.order_row) spreads its KB 
 # (select_compile.compile_in_parallel); False: one after another as they launch
 PARALLEL_COMPILE = True
 BLOCK_PATH = True  # choose_path takes the block path (select_block) where it runs and holds the row
-BLOCK_LONG = (8, 2)  # choose_path: the block path for rows beyond a block up to 8 rows, or in at most 2 chunks,
-BLOCK_LONG_WAVES = 1  # or where the rows' chunks make at most this many blocks an SM (session 31)
+BLOCK_LONG = (8, 2)  # block_keep: rows beyond a block in chunks and their merge up to 8 rows, or in at most 2 chunks,
+BLOCK_LONG_WAVES = 1  # or where the rows' chunks make at most this many blocks an SM (session 31); else the sampled keep
 BLOCK_SHORT_CHUNK = 8192  # block_chunk: chunks this short where the row's chunks make at most
 BLOCK_SHORT_WAVES = 2  # this many blocks an SM (more blocks in flight at few rows)
 _WARMED: set = set()  # (device, launch plan, options) whose kernels a first call warmed
@@ -179,21 +179,18 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     thread block a row, or a block a chunk of a longer row and one merging them) or the
     one-program-a-row Triton kernel.
 
-    The block path takes rows beyond ``STAGED_MAX_ROWS`` rows where it runs
-    (``select_block.available()``: torch's NVRTC entry point; ``BLOCK_PATH``): rows of up to
-    16384 candidates (one block a row), and longer rows (their chunks, then a merge:
-    ``select_block.chunking``, ``block_chunk``) up to ``BLOCK_LONG`` = (8 rows, or 2 chunks) or
-    while the rows' chunks (the fewest) make at most ``BLOCK_LONG_WAVES`` (1) block an SM
-    (``n_sm``), and from ``select_block.SAMPLED_MIN_ROWS`` (64) rows every row of up to 131072 (the
-    sampled keep).
+    The block path takes every row of up to 131072 candidates beyond ``STAGED_MAX_ROWS`` rows
+    where it runs (``select_block.available()``: torch's NVRTC entry point; ``BLOCK_PATH``): rows
+    of up to 16384 candidates one block a row; longer rows in chunks and their merge
+    (``select_block.chunking``, ``block_chunk``), or through the sampled keep (``block_keep``:
+    from 64 rows, or beyond one wave of chunks). Until session 32 the row kernel took rows beyond
+    a block at 9-63 rows beyond one wave of chunks; ``block_keep`` gives the times that moved them.
     The wave rule (session 31): at 5-8 rows of 65536 and 131072 (32-64 blocks, one wave) the
     chunks and merge took 0.62-1.00x the row kernel's time, at 64 rows of 65536 (256 blocks, two
     waves on an H200) 0.85-1.10x, at 64 rows of 131072 (four waves) 1.12-1.67x (H200, session 23,
-    records select_kernel_h200_s23_block_long.json and _block_long_variants.json); a block's time does not grow with the rows
-    while they fit one wave (session 24: the same cycles a block at 64 rows as at 1024). On an
-    H100 (session 31, ``--grid long``, record select_kernel_h100_s31_long.json) the row kernel
-    took 0.97x fp32 topk's time on mass ties at 16 rows of 131072 (98.2 against 95.0 µs), where
-    8 rows on the chunks took 55.5. Rows of 9-63 beyond 32768 were not timed on the chunks.
+    records select_kernel_h200_s23_block_long.json and _block_long_variants.json); a block's time
+    does not grow with the rows while they fit one wave (session 24: the same cycles a block at 64
+    rows as at 1024).
     H200, graph replay, k = 2048 (docs/benchmarks_select_kernel.md, sessions 22 and 23): 8-4096
     rows of 4096, 8192 and 16384 candidates took 0.49-0.88x the Triton row kernel's time (64 x
     16384: 24.2 against 30.1 µs; 1024 x 16384: 189-194 against 244); one row 0.70-1.73x the
@@ -238,14 +235,32 @@ def choose_path(q: int, n: int, k: int, n_sm: int) -> str:
     if q <= STAGED_MAX_ROWS:
         return "staged"
     if BLOCK_PATH and select_block.supports(n, k) and select_block.available():
-        rows, chunks = BLOCK_LONG
-        if n <= select_block.TILE_N or q <= rows or select_block.sampled(q):
-            return "block"
-        n_chunks = select_block.chunking(n, k)[0]  # (a long row's, between: in few chunks, or one wave of them)
-        if n_chunks <= chunks or q * n_chunks <= BLOCK_LONG_WAVES * n_sm:
-            return "block"
+        return "block"
     rows, n_max = STAGED_LONG_ROWS
     return "staged" if q <= rows and select_staged.SPREAD_MIN < n <= n_max else "row"  # (k: unused)
+
+
+def block_keep(q: int, n: int, k: int, n_sm: int) -> bool:
+    """Whether the block path runs rows beyond a block (``select_block.TILE_N``) through the sampled
+    keep (``select_block``'s sample, keep, gated chunks and merge) rather than their chunks and
+    merge: from ``select_block.SAMPLED_MIN_ROWS`` (64) rows a call (``select_block.sampled``), and
+    beyond ``BLOCK_LONG`` (8 rows; 2 chunks) where the rows' chunks (the fewest) make more than
+    ``BLOCK_LONG_WAVES`` (1) block an SM (``n_sm``).
+    H100, graph replay, k = 2048 (session 32, ``--grid long_mid --variants --only row,block,block_sampled``,
+    record select_kernel_h100_s32_long_mid.json; docs/benchmarks_select_kernel.md): within one wave
+    (12-16 rows of 131072, 12-33 of 49152-65536) the chunks took 0.77-0.94x the row kernel's time on
+    random scores, 0.63-0.95x on a short context, 0.61-1.03x on mass ties, and 0.73-0.94x the sampled
+    keep's on random scores (1.0-1.26x on mass ties); beyond it (24-63 rows of 131072, 48-63 of
+    49152-65536), where the row kernel ran until then, the sampled keep took 0.95-1.07x the row
+    kernel's time on random scores, 0.62-0.83x on mass ties, 0.75-0.81x on a short context up to
+    65536 and 1.05-1.20x at 131072 (0.46-0.69x fp32 topk's everywhere), the chunks 0.84-1.40x."""
+    if n <= select_block.TILE_N:
+        return False
+    if select_block.sampled(q):
+        return True
+    rows, chunks = BLOCK_LONG
+    n_chunks = select_block.chunking(n, k)[0]
+    return q > rows and n_chunks > chunks and q * n_chunks > BLOCK_LONG_WAVES * n_sm
 
 
 def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:
@@ -256,8 +271,9 @@ def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:
     last changes; record select_kernel_h200_s23_block_long_variants.json): chunks of 8192 at 5-64
     rows of 20000-65536 took 0.71-0.94x the time of the fewest chunks; at 256 and 1024 rows,
     0.99-1.26x. None where the sampled keep serves the rows (``select_block.sampled``: from
-    ``SAMPLED_MIN_ROWS`` rows; its chunks serve only rows it may miss a winner in), as timed."""
-    if n <= select_block.TILE_N or select_block.sampled(q):
+    ``SAMPLED_MIN_ROWS`` rows, or beyond one wave of chunks: ``block_keep``; its chunks serve only
+    rows it may miss a winner in), as timed."""
+    if n <= select_block.TILE_N or block_keep(q, n, k, n_sm):
         return None
     chunks = -(-n // BLOCK_SHORT_CHUNK)
     if q * chunks <= BLOCK_SHORT_WAVES * n_sm and chunks * min(k, BLOCK_SHORT_CHUNK) <= select_block.TILE_N:
@@ -902,7 +918,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
     if path == "block":  # one NVRTC function a tile: the row's, or its chunks' and their merge's
-        return (path, kb) + select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q)
+        return (path, kb) + select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q,
+                                                           keep=block_keep(q, n, k, n_sm))
     if path == "row":  # the row kernel orders its own winners
         cfg = row_config(n, q)
         smp = sample_config(n, cfg[3])
@@ -999,13 +1016,14 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         try:
             if collecting():  # a parallel compile of plans (precompile): the block kernel compiles now (NVRTC)
                 if q > 0:
-                    for kind, t in select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q):
+                    for kind, t in select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q,
+                                                             keep=block_keep(q, n, k, n_sm)):
                         select_block.compile_tile(t, scores.device.index, kind)
                 return (torch.empty((q, k), dtype=torch.int32, device=scores.device),
                         torch.empty((q, k), dtype=torch.float32, device=scores.device))
             return select_block.block_select(scores if scores.stride(1) == 1 else scores.contiguous(),
                                              ids if ids.stride(1) == 1 else ids.contiguous(), k,
-                                             chunk=block_chunk(q, n, k, n_sm))
+                                             chunk=block_chunk(q, n, k, n_sm), keep=block_keep(q, n, k, n_sm))
         except RuntimeError:
             if not chosen or select_block.available():
                 raise

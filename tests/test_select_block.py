@@ -116,17 +116,23 @@ def test_dispatcher_takes_the_block_path_beyond_the_staged_rows(block_runs, monk
     assert sk.choose_path(5, 16384, 2048, 132) == "block"
     assert sk.choose_path(4096, 100, 1, 132) == "block"
     assert sk.choose_path(4, 16384, 2048, 132) == "staged"  # few rows: the staged path
-    # a long row: its chunks, then their merge (up to 8 rows, in 2 chunks, or while the rows' chunks
-    # fit one wave of blocks: a block an SM); from SAMPLED_MIN_ROWS (64) rows the sampled keep, any
-    # row; between, the row kernel
-    assert sk.choose_path(1024, 32768, 2048, 132) == "block" and sk.choose_path(63, 16385, 2048, 132) == "block"
-    assert sk.choose_path(8, 131072, 2048, 132) == "block" and sk.choose_path(5, 40000, 1, 132) == "block"
-    assert sk.choose_path(16, 131072, 2048, 132) == "block" and sk.choose_path(17, 131072, 2048, 132) == "row"
-    assert sk.choose_path(33, 65536, 2048, 132) == "block" and sk.choose_path(34, 65536, 2048, 132) == "row"
-    assert sk.choose_path(44, 32769, 2048, 132) == "block" and sk.choose_path(45, 32769, 2048, 132) == "row"
-    assert sk.choose_path(16, 131072, 2048, 114) == "row"  # (fewer SMs: an H100 PCIe's 114)
-    assert sk.choose_path(63, 131072, 2048, 132) == "row"
-    assert sk.choose_path(64, 131072, 2048, 132) == "block" and sk.choose_path(1024, 65536, 2048, 132) == "block"
+    # a long row, any row count beyond the staged path's: the block path (the row kernel only where it
+    # does not run)
+    for q, n in ((1024, 32768), (63, 16385), (8, 131072), (17, 131072), (63, 131072), (64, 131072), (34, 65536)):
+        assert sk.choose_path(q, n, 2048, 132) == "block", (q, n)
+    monkeypatch.setattr(select_block, "available", lambda: False)
+    assert sk.choose_path(17, 131072, 2048, 132) == "row" and sk.choose_path(5, 16384, 2048, 132) == "row"
+    monkeypatch.setattr(select_block, "available", lambda: True)
+    # its chunks, then their merge (up to 8 rows, in 2 chunks, or while the rows' chunks fit one wave
+    # of blocks: a block an SM); else (from SAMPLED_MIN_ROWS (64) rows, or beyond one wave) the sampled keep
+    keep = [(16, 131072, 132), (33, 65536, 132), (44, 32769, 132), (8, 131072, 64), (63, 32768, 32), (63, 16385, 32)]
+    assert not any(sk.block_keep(q, n, 2048, n_sm) for q, n, n_sm in keep)
+    beyond = [(17, 131072, 132), (34, 65536, 132), (45, 32769, 132), (16, 131072, 114), (63, 131072, 132),
+              (9, 131072, 64)]
+    assert all(sk.block_keep(q, n, 2048, n_sm) for q, n, n_sm in beyond)  # (114 SMs: an H100 PCIe's)
+    assert sk.block_keep(64, 32768, 2048, 132) and not sk.block_keep(1024, 16384, 2048, 132)
+    assert sk.launch_plan(17, 131072, 2048) == sk.launch_plan(64, 131072, 2048)
+    assert sk.launch_plan(16, 131072, 2048) == ("block", 2048, ("chunks", 1024), ("merge", 1024))
     assert sk.launch_plan(64, 131072, 2048) == ("block", 2048, ("sample", 256), ("keep", 256), ("chunks_gated", 1024),
                                                 ("merge_gated", 1024))
     assert sk.block_chunk(64, 40000, 100, 132) is None  # (the sampled keep's chunks: the fewest, as timed)

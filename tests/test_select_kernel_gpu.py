@@ -1165,8 +1165,10 @@ BLOCK_SHAPES = [(5, 16384, 2048, 16384), (64, 9000, 2048, 9000), (33, 12001, 102
                 (5, 16385, 2048, 16400), (8, 40000, 1000, 40000), (6, 131072, 2048, 131072), (8, 100000, 3, 100001),
                 # while the rows' chunks make one wave of blocks (a block an SM, 132: session 31)
                 (16, 131072, 2048, 131072), (33, 65536, 1000, 65600),
-                # from SAMPLED_MIN_ROWS (64) rows: the sampled keep (the chunks for rows it may miss a winner in)
-                (500, 30000, 2048, 30000), (64, 131072, 2048, 131072), (70, 65536, 700, 65600)]
+                # from SAMPLED_MIN_ROWS (64) rows, or beyond one wave of chunks (session 32): the sampled keep
+                # (the chunks for rows it may miss a winner in)
+                (500, 30000, 2048, 30000), (64, 131072, 2048, 131072), (70, 65536, 700, 65600),
+                (24, 131072, 2048, 131072), (48, 49152, 1000, 49200)]
 
 
 def test_block_path_one_function_a_tile_serves_every_shape():
@@ -1185,8 +1187,9 @@ def test_block_path_one_function_a_tile_serves_every_shape():
     dev = torch.cuda.current_device()
     kernels = {(dev, t, kind) for q, n, k, _ in BLOCK_SHAPES for kind, t in sk.launch_plan(q, n, k)[2:]}
     assert sk.launch_plan(6, 131072, 2048)[2:] == (("chunks", 1024), ("merge", 1024))
-    assert sk.launch_plan(64, 131072, 2048)[2:] == (("sample", 256), ("keep", 256), ("chunks_gated", 1024),
-                                                    ("merge_gated", 1024))
+    for q in (24, 64):
+        assert sk.launch_plan(q, 131072, 2048)[2:] == (("sample", 256), ("keep", 256), ("chunks_gated", 1024),
+                                                       ("merge_gated", 1024))
     assert kernels <= set(select_block._KERNELS)
     before = len(select_block._KERNELS)
     for kind in ("random", "nandups", "padding"):
