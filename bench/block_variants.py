@@ -533,75 +533,15 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
-# the ordering's part statistics (each part's largest and smallest packed key and its count) by warp
-# reductions, one atomic of each a warp and part, not one a winner: random scores put every winner in
-# one part (positive keys), so each of that part's three addresses takes 2048 atomics a block
-_PART_WARP = [
-    ("      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);", "      atomicAdd(&sm.pc[part[w]], 1);", """      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);  // (score key's top bit: a positive score)
-    }
-    const u64 kw = i < nsel ? (u64)sm.wkey[i] : 0;
-#pragma unroll
-    for (int p = 0; p < 3; ++p) {
-      const u32 in = __ballot_sync(FULL, part[w] == p);
-      if (in == 0) continue;  // (the whole warp)
-      u64 h = part[w] == p ? kw : 0, l = part[w] == p ? kw : ~0ull;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        h = max(h, __shfl_xor_sync(FULL, h, o));
-        l = min(l, __shfl_xor_sync(FULL, l, o));
-      }
-      if (lane == 0) {
-        atomicMax(&sm.ph[p], h);
-        atomicMin(&sm.pl[p], l);
-        atomicAdd(&sm.pc[p], __popc(in));
-      }
-"""),
-]
-
-# cheaper integer work, the same buckets and the same bits (session 32): the ordering's shifts without 64-bit
-# divisions (bitlen_div: the smallest s with (d >> s) < n is bitlen(d / n), and it is b or b + 1 for
-# b = max(0, bitlen(d) - bitlen(n)), so one shift and one compare decide), its parts' bucket counts by a
-# 32-bit division (NB x a part's count <= 2048 x 2048); in32: a radix pass's in-play test on 32 bits (a
-# mask of the digits above this one in place of two 64-bit shifts)
-_CHEAP_MATH = [
-    ("__device__ __forceinline__ int bitlen(u64 x)", "__device__ __forceinline__ int bitlen(u64 x)", """\
-__device__ __forceinline__ int bitlen(u64 x) { return x ? 64 - __clzll((i64)x) : 0; }
-__device__ __forceinline__ int bitlen_div(u64 d, int n) {  // bitlen(d / n), n >= 1
-  const int b = max(0, bitlen(d) - (32 - __clz(n)));
-  return (d >> b) < (u64)n ? b : b + 1;
-}
-"""),
-    ("  nb[0] = sm.pc[0] ? max(1, (int)(((i64)NB * sm.pc[0]) / nsel)) : 0;",
-     "  nb[1] = sm.pc[1] ? max(1, (int)(((i64)NB * sm.pc[1]) / nsel)) : 0;", """\
-  nb[0] = sm.pc[0] ? max(1, (NB * sm.pc[0]) / nsel) : 0;
-  nb[1] = sm.pc[1] ? max(1, (NB * sm.pc[1]) / nsel) : 0;
-"""),
-    ("shp[p] = nb[p] ? bitlen((sm.ph[p] - sm.pl[p]) / (u64)nb[p]) : 0;",
-     "shp[p] = nb[p] ? bitlen((sm.ph[p] - sm.pl[p]) / (u64)nb[p]) : 0;", """\
-  for (int p = 0; p < 3; ++p) shp[p] = nb[p] ? bitlen_div(sm.ph[p] - sm.pl[p], nb[p]) : 0;
-"""),
-    ("        int sh2 = bitlen((h - yl[o[w]]) / (u64)cb[w]);", "        int sh2 = bitlen(", """\
-        int sh2 = bitlen_div(h - yl[o[w]], cb[w]);
-"""),
-]
-_IN32 = [
-    ("      bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));",
-     "      bool in = ((play >> t) & 1u)", """\
-      bool in = ((play >> t) & 1u) && ((key[t] & hm) == hp);
-"""),
-    ("    const bool span = THREADS == 1024;", "    const bool span = THREADS == 1024;", """\
-    const bool span = THREADS == 1024;
-    const u32 hm = s + 8 >= 32 ? 0u : (0xFFFFFFFFu << (s + 8)), hp = prefix & hm;  // the digits above this one
-"""),
-]
-
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
 # are in the repository's history; so are session 31's order_merge, hist8 and l2_next, each measured
-# slower on an H100: docs/benchmarks_select_kernel.md, session 31)
+# slower on an H100: docs/benchmarks_select_kernel.md, session 31; session 32 shipped cheap_math, the
+# ordering's shifts without 64-bit divisions, and measured part_warp and in32 slower: their text is in
+# the history at commit 9fe81c3)
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "part_warp": _PART_WARP, "cheap_math": _CHEAP_MATH, "in32": _IN32, "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -292,3 +292,29 @@ def test_a_slip_in_the_counted_sample_shows_in_the_rows_status(sb, monkeypatch):
     check_equal(BlockOnCpu(mod)(scores, ids, 2048, seed=1), ref_packed(scores, ids, 2048), "slip: exact by the fallback")
     got = [tuple(x) for x in mod.STATS[0][:, [0, 1, 3]].tolist()]
     assert got != _sampled_status(mod, scores, ids, 2048)
+
+
+def test_bitlen_div_is_the_bit_length_of_the_quotient():
+    """The kernel's ``bitlen_div(d, n)`` (the ordering's bucket shifts) equals ``bitlen(d / n)`` (the
+    64-bit division it replaced) for d up to 2^63 and n of 1..4096, the powers of two and their
+    neighbours included: built from select_block.SOURCE's own text by the CPU runner."""
+    import random
+    import re
+
+    text = select_block.SOURCE
+    funcs = re.search(r"__device__ __forceinline__ int bitlen\(.*?int bitlen_div\(.*?\n}\n", text, re.S).group(0)
+    src = ("typedef unsigned int u32;\ntypedef long long i64;\ntypedef unsigned long long u64;\n" + funcs +
+           'extern "C" __global__ void check(const long long* d, const int* n, int* out, int count) {\n'
+           "  for (int i = threadIdx.x; i < count; i += blockDim.x) out[i] = bitlen_div((u64)d[i], n[i]);\n}\n")
+    kern = cuda_on_cpu.build(src, "check")
+    rng = random.Random(32)
+    cases = [(0, 1), (1, 1), (2**63 - 1, 1), (2**63 - 1, 4096), (4095, 4096), (4096, 4096), (8191, 4096)]
+    cases += [(d + e, n + f) for d in (2**k for k in range(0, 62, 3)) for n in (1, 2, 3, 2048, 4095)
+              for e in (-1, 0, 1) for f in (0, 1) if d + e >= 0]
+    cases += [(rng.getrandbits(rng.randint(1, 63)), rng.randint(1, 4096)) for _ in range(2000)]
+    d = torch.tensor([c[0] for c in cases], dtype=torch.int64)
+    n = torch.tensor([c[1] for c in cases], dtype=torch.int32)
+    out = torch.full((len(cases),), -1, dtype=torch.int32)
+    kern(grid=(1, 1, 1), block=(64, 1, 1), args=[d, n, out, len(cases)], shared_mem=0)
+    want = [(a // b).bit_length() for a, b in cases]
+    assert out.tolist() == want
