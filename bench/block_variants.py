@@ -533,30 +533,15 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
-# the winners' score bits from their packed keys (the order key is a bijection on every score but NaN),
-# read again from the row only for a NaN (its payload): no global read a winner at the output
-_KEY_BITS = [
-    ("#define KEY_NAN 1u", "#define KEY_NAN 1u", """\
-#define KEY_NAN 1u
-// a score's bits from its order key (order_key's inverse; not for KEY_NAN, whose payloads differ, nor 0)
-__device__ __forceinline__ int key_bits(u32 key) {
-  const int s = (int)(key ^ 0x80000000u);
-  return s >= 0 ? s : (s ^ 0x7FFFFFFF);
-}
-"""),
-    Sub(r"bits = __ldg\(srow \+ sm\.wpos\[(r|i)\]\);",
-        r"const u32 wk = (u32)((u64)sm.wkey[\1] >> 31);\n        bits = wk == KEY_NAN ? __ldg(srow + sm.wpos[\1]) : key_bits(wk);", 2),
-]
-
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
 # are in the repository's history; so are session 31's order_merge, hist8 and l2_next, each measured
 # slower on an H100: docs/benchmarks_select_kernel.md, session 31; session 32 shipped cheap_math, the
 # ordering's shifts without 64-bit divisions, and measured part_warp and in32 slower: their text is in
-# the history at commit 9fe81c3)
+# the history at commit 9fe81c3; it shipped key_bits too, the winners' score bits from their packed keys)
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "key_bits": _KEY_BITS, "prefetch512": _PREFETCH + _PREFETCH_512}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:

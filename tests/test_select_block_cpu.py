@@ -318,3 +318,33 @@ def test_bitlen_div_is_the_bit_length_of_the_quotient():
     kern(grid=(1, 1, 1), block=(64, 1, 1), args=[d, n, out, len(cases)], shared_mem=0)
     want = [(a // b).bit_length() for a, b in cases]
     assert out.tolist() == want
+
+
+def test_key_bits_inverts_the_order_key():
+    """The kernel's ``key_bits`` (the winners' score bits at the output) gives back every score's bits
+    from its order key but a NaN's (whose key is one for all payloads; the kernel reads those again):
+    +-0, +-inf, subnormals, the largest finite scores, and random bits; built from
+    select_block.SOURCE's text by the CPU runner."""
+    import random
+    import re
+
+    text = select_block.SOURCE
+    inv = re.search(r"__device__ __forceinline__ int key_bits\(.*?\n}\n", text, re.S).group(0)
+    src = ("typedef unsigned int u32;\n" + select_block.ORDER_KEY + inv +
+           'extern "C" __global__ void check(const int* bits, int* key, int* back, int count) {\n'
+           "  for (int i = threadIdx.x; i < count; i += blockDim.x) {\n"
+           "    key[i] = (int)order_key(bits[i], 0);\n"
+           "    back[i] = key_bits((u32)key[i]);\n  }\n}\n")
+    kern = cuda_on_cpu.build(src, "check")
+    rng = random.Random(32)
+    edges = [0, 1 << 31, 0x7F800000, 0xFF800000, 1, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000, 0x7F7FFFFF,
+             0xFF7FFFFF, 0x3F800000, 0xBF800000, 0x7FC00000, 0xFFC00001, 0x7F800001]
+    vals = edges + [rng.getrandbits(32) for _ in range(4000)]
+    bits = torch.tensor([v - (1 << 32) if v >= 1 << 31 else v for v in vals], dtype=torch.int32)
+    key = torch.zeros_like(bits)
+    back = torch.zeros_like(bits)
+    kern(grid=(1, 1, 1), block=(64, 1, 1), args=[bits, key, back, len(vals)], shared_mem=0)
+    nan = torch.isnan(bits.view(torch.float32))
+    assert bool(nan.any()) and bool((~nan).sum() > 3000)
+    assert torch.equal(back[~nan], bits[~nan])
+    assert bool((key[nan] == 1).all()) and not bool((key[~nan] == 1).any())  # (KEY_NAN: NaN's alone)
