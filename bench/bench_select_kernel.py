@@ -107,6 +107,10 @@ GRIDS = {
     # chunks, BLOCK_LONG_WAVES, and beyond) and the sampled keep below SAMPLED_MIN_ROWS, with --variants --only
     # row,block,block_sampled
     "long_mid": [(n, q) for n in (49152, 65536, 131072) for q in (12, 16, 24, 33, 48, 63)],
+    # the 512 tile at two blocks an SM where a launch has more blocks than SMs (session 32:
+    # select_block.PAIRED_TILES), against one block an SM, with --variants --only block_unpaired
+    "paired": [(8192, q) for q in (64, 128, 133, 192, 1024, 4096)] + [(4097, 1024), (6000, 1024), (32768, 40),
+                                                                       (32768, 63), (20000, 1024), (65536, 256)],
     "tiles": [(n, q) for n in (6000, 8192) for q in (8, 16, 32, 64, 128)]
     + [(n, q) for n in (2500, 4096) for q in (8, 64, 128, 256, 1024)]
     + [(n, q) for n in (12000, 16384) for q in (8, 64, 1024)]
@@ -249,6 +253,7 @@ def variants(q: int, n: int, k: int = 2048) -> dict:
 
     if n <= select_block.MAX_N:  # the block path (select_block): a block a row, or its chunks' and their merge's
         v["block"] = dict(path="block")
+        v["block_unpaired"] = dict(path="block", block_consts=dict(PAIRED_TILES=()))  # (every tile one block an SM)
         if n > select_block.TILE_N:  # the sampled keep at any rows (select_block.SAMPLED_MIN_ROWS set to 1 for the call)
             v["block_sampled"] = dict(path="block", block_consts=dict(SAMPLED_MIN_ROWS=1))
         for c in (4096, 8192):  # shorter chunks than select_block.chunking's default (more blocks a row)

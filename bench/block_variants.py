@@ -60,13 +60,6 @@ _PEEL = [
 """),
 ]
 
-# two blocks an SM for the 512-thread tile (rows of 4097-8192): 64 registers a thread (session
-# 24: 0.73-0.87x the time at 1024 x 8192; not timed at fewer rows)
-_LB2_512 = [
-    ("__launch_bounds__(THREADS, 1)", "__launch_bounds__(THREADS, 1)",
-     'extern "C" __global__ void __launch_bounds__(THREADS, THREADS == 512 ? 2 : 1)\n'),
-]
-
 # radix select by digits of up to 11 bits, not 8: three passes for a 32-bit key, not four; the
 # histogram (2048 bins, highest digit first) in sm.mem, which is free until the ordering, its bin
 # found by scan2048 over the whole block, not by one warp; with a narrowed start, the first digit
@@ -174,8 +167,8 @@ def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None,
     return _plan_kernels_one_path(n, k, chunk, q, **kw)
 
 
-def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None, q: int | None = None, *, keep: bool | None = None
-                           ) -> tuple[tuple[str, int], ...]:
+def _plan_kernels_one_path(n: int, k: int, chunk: int | None = None, q: int | None = None, *, keep: bool | None = None,
+                           n_sm: int | None = None) -> tuple[tuple[str, int], ...]:
 '''),
     ("auto position = [&](int p) -> int {", "auto position = [&](int p) -> int {", """\
   int spread_nab = 0;  // (the spread path's finish: where its output starts in the row)
@@ -395,7 +388,7 @@ def _spread_select(scores, ids, k, out_ids, out_sc):
 
 def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
 '''),
-    Sub(r"(    chunks, chunk, kc = chunking\(n, k, chunk\)\n)(    if chunks == 1[^\n]*\n        t = tile\(n\))",
+    Sub(r"(    plan = plan_kernels\(n, k, chunk, q, [^\n]*\n)(    if chunks == 1:\n)",
         r"\1    if chunks == 1 and q <= SPREAD_ROWS:\n        return _spread_select(scores, ids, k, out_ids, out_sc)\n\2", 1),
 ]
 
@@ -533,80 +526,17 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
-# no ids in registers (session 32): a candidate's id is read where it is needed (its validity at the
-# load, the id level of a tie at the cutoff key, a winner's packed key), and the tie levels' keys (the
-# inverted id, then the inverted position) take the score key's place in u for the slots in play (whose
-# score key is T1, put back after them): two arrays of ITEMS registers fewer
-_NOIDS = [
-    ("  int id[ITEMS];", "    if (id[t] >= 0) {", """\
-  u32 valid = 0;
-  int nv = 0, ninf = 0, nnan = 0;
-#pragma unroll
-  for (int t = 0; t < ITEMS; ++t) {
-    int p = t * THREADS + tid;
-    int b = p < N ? __ldg(srow + p) : 0;
-    const int idt = p < N ? __ldg(irow + p) : -1;
-    u[t] = order_key(b, idt);
-    if (idt >= 0) {
-"""),
-    ("      u32 v[ITEMS];", "        radix_select(w, play3, rem, eq, 1, sm, T3, sh3, ab, eq);", """\
-      u32 play = 0;  // (the slots at T1: their keys become the inverted ids, then T1 again below)
-#pragma unroll
-      for (int t = 0; t < ITEMS; ++t) {
-        if (((valid >> t) & 1u) && u[t] == T1) {
-          play |= 1u << t;
-          u[t] = 0x7FFFFFFFu - (u32)__ldg(irow + t * THREADS + tid);
-        }
-      }
-      tied = play;
-      radix_select(u, play, rem, eq, 0, sm, T2, sh2, ab, eq);
-      rem -= ab;
-      if (eq > rem) {  // duplicate ids at T1: by position
-        lvl = 3;
-        u32 play3 = 0;
-#pragma unroll
-        for (int t = 0; t < ITEMS; ++t) {
-          if (((play >> t) & 1u) && u[t] == T2) {
-            play3 |= 1u << t;
-            u[t] = ~(u32)position(t * THREADS + tid);
-          }
-        }
-        radix_select(u, play3, rem, eq, 1, sm, T3, sh3, ab, eq);
-"""),
-    ("  int lvl = 0;  // 0: every valid candidate wins; else the levels run", "  int lvl = 0;", """\
-  int lvl = 0;  // 0: every valid candidate wins; else the levels run
-  u32 tied = 0;  // the slots whose u holds a tie level's key (their score key is T1)
-"""),
-    ("  // the winners to shared memory: packed key (score key above inverted id)", "  // the winners to shared memory", """\
-#pragma unroll
-  for (int t = 0; t < ITEMS; ++t)
-    if ((tied >> t) & 1u) u[t] = T1;
-  // the winners to shared memory: packed key (score key above inverted id), position; a thread's
-"""),
-    Sub(r"u32 vt = 0x7FFFFFFFu - \(u32\)id\[t\];", "u32 vt = 0x7FFFFFFFu - (u32)__ldg(irow + t * THREADS + tid);", 1),
-    Sub(r"\(i64\)\(0x7FFFFFFFu - \(u32\)id\[t\]\);", "(i64)(0x7FFFFFFFu - (u32)__ldg(irow + t * THREADS + tid));", 1),
-]
-
-# with noids: 32 candidates a thread and two blocks an SM (64 registers a thread), tiles of 256 and 512
-# threads (rows of up to 8192 and 16384): a block is mostly latency (session 24), so two rows an SM may
-# overlap it
-_WIDE = [
-    Sub(r"\nITEMS = 16 ", "\nITEMS = 32 ", 1),
-    Sub(r"\nTILES = \(256, 512, 1024\)", "\nTILES = (256, 512)", 1),
-    ("extern \"C\" __global__ void __launch_bounds__(THREADS, 1)", "extern \"C\" __global__ void __launch_bounds__(THREADS, 1)",
-     'extern "C" __global__ void __launch_bounds__(THREADS, 2)\n'),
-]
-
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
 # are in the repository's history; so are session 31's order_merge, hist8 and l2_next, each measured
 # slower on an H100: docs/benchmarks_select_kernel.md, session 31; session 32 shipped cheap_math, the
 # ordering's shifts without 64-bit divisions, and measured part_warp and in32 slower: their text is in
-# the history at commit 9fe81c3; it shipped key_bits too, the winners' score bits from their packed keys)
-VARIANTS = {"match": _MATCH, "peel": _PEEL, "lb2_512": _LB2_512, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
-            "noids": _NOIDS, "wide": _NOIDS + _WIDE}
+# the history at commit 9fe81c3; it shipped key_bits too, the winners' score bits from their packed keys,
+# and lb2_512 as PAIRED_TILES (the 512 tile at two blocks an SM where a launch has more blocks than SMs),
+# and measured noids and wide slower (in the history at commit 031b5fb))
+VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -479,7 +479,7 @@ __device__ __forceinline__ int key_bits(u32 key) {
 // and writes its first min(K, its valid) winners in no order to slots [y * K, y * K + K) of the output
 // rows, their positions in the row to out_pos (pads: id -1, score -inf, position 0). POS_IN: a
 // candidate's position in the row is pos_in's (the merge of chunks' winners), the output ordered.
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,
                     int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, int N, int K,
                     int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
@@ -895,6 +895,14 @@ KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNOR
 SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 256, 256, 16  # the sample's and the keep's blocks
 SAMPLES = 512  # the sample's keys a row at most (the kernels' SAMPLES)
 KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
+# tiles whose kinds also compile for two blocks an SM (kind + PAIRED: ``__launch_bounds__(THREADS, 2)``, 64
+# registers a thread), launched so where a launch has more blocks than the device has SMs. H100, graph
+# replay, k = 2048 (docs/benchmarks_select_kernel.md, session 32): the 512 tile (rows of 4097-8192, a
+# long row's merge of up to 8192) at 192-4096 rows took 0.70-0.91x its time at one block an SM (1024
+# x 8192 random: 94.0 against 130.9 µs), 1024 x 20000 0.86-0.91x, 256 x 65536 0.93-0.99x; at 64 and
+# 128 rows (one wave) 1.04-1.19x, so those keep one block an SM
+PAIRED_TILES = (512,)
+PAIRED = "@2"
 SAMPLED_TARGET, SAMPLED_WIDTH = 2.0, 4.0  # x k: what the sample aims to keep a row; the workspace row (the merge's most)
 # rows in chunks take the sampled keep from this many rows a call (H200, graph replay, k = 2048,
 # docs/benchmarks_select_kernel.md session 30: at 64-1024 rows of 20000-131072 it took 0.44-0.93x the
@@ -915,28 +923,47 @@ def sampled(q: int | None) -> bool:
     return q is not None and q >= SAMPLED_MIN_ROWS
 
 
-def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None, *, keep: bool | None = None
-                 ) -> tuple[tuple[str, int], ...]:
+def paired(kind: str, threads: int, blocks: int, n_sm: int | None) -> str:
+    """``kind``, or ``kind + PAIRED`` (its function for two blocks an SM) where the tile is one of
+    ``PAIRED_TILES`` and the launch's ``blocks`` outnumber the device's ``n_sm`` SMs (None: not)."""
+    return kind + PAIRED if threads in PAIRED_TILES and n_sm is not None and blocks > n_sm else kind
+
+
+def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None, *, keep: bool | None = None,
+                 n_sm: int | None = None) -> tuple[tuple[str, int], ...]:
     """The kernels a call of ``q`` rows runs, as ``(kind, threads)``: ``(("row", tile),)`` for a row
     in one block; rows in chunks: ``(("chunks", chunk's tile), ("merge", merge's tile))``, or with
     the sampled keep (``keep``; default ``sampled(q)``: from ``SAMPLED_MIN_ROWS`` rows) its
-    ``sample``, ``keep``, ``chunks_gated`` and ``merge_gated``."""
+    ``sample``, ``keep``, ``chunks_gated`` and ``merge_gated``. A kind ends in ``PAIRED`` where its
+    function runs two blocks an SM (``paired``: given ``q`` and the device's ``n_sm``)."""
     chunks, chunk, kc = chunking(n, k, chunk)
+    rows = q or 0
     if chunks == 1:
-        return (("row", tile(n)),)
+        t = tile(n)
+        return ((paired("row", t, rows, n_sm), t),)
+    t1 = tile(chunk)
     if not (sampled(q) if keep is None else keep):
-        return (("chunks", tile(chunk)), ("merge", tile(chunks * kc)))
-    w = sampled_sizes(chunks, kc, k)[0]  # block_select's workspace row
-    return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), ("chunks_gated", tile(chunk)), ("merge_gated", tile(w)))
+        t2 = tile(chunks * kc)
+        return ((paired("chunks", t1, rows * chunks, n_sm), t1), (paired("merge", t2, rows, n_sm), t2))
+    t2 = tile(sampled_sizes(chunks, kc, k)[0])  # block_select's workspace row
+    return (("sample", SAMPLE_THREADS), ("keep", KEEP_THREADS), (paired("chunks_gated", t1, rows * chunks, n_sm), t1),
+            (paired("merge_gated", t2, rows, n_sm), t2))
 
 
 def source(threads: int, kind: str = "row") -> str:
-    """The kernel's CUDA source for a tile of ``threads`` and a kind (``KINDS``), as NVRTC
-    compiles it."""
+    """The kernel's CUDA source for a tile of ``threads`` and a kind (``KINDS``, or one of them with
+    ``PAIRED``: two blocks an SM), as NVRTC compiles it."""
+    base = kind[:-len(PAIRED)] if kind.endswith(PAIRED) else kind
     return (f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n"
             f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define GATED {_GATED}\n"
             f"#define SB {SAMPLE_THREADS}\n#define KB {KEEP_THREADS}\n#define KI {KEEP_ITEMS}\n"
-            f"#define MODE {KINDS[kind]}\n" + SAMPLED_SOURCES.get(kind, SOURCE))
+            f"#define MINB {2 if base != kind else 1}\n"
+            f"#define MODE {KINDS[base]}\n" + SAMPLED_SOURCES.get(base, SOURCE))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).multi_processor_count
 
 
 def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
@@ -969,8 +996,8 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
     return kern
 
 
-def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | None = None, keep: bool | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | None = None, keep: bool | None = None,
+                 n_sm: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact ordered top-``k`` of each row: ``(ids int32 [Q, k], scores fp32 [Q, k])``.
 
     ``scores`` fp32 and ``ids`` int32 ``[Q, N]`` on the current CUDA device, rows contiguous
@@ -980,43 +1007,46 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
     best, then their merge; with the sampled keep in four: the sample, the keep, the chunks where
     the keep may miss a winner, the merge). ``keep``: whether rows in chunks take the sampled keep
     (default ``sampled(q)``: from ``SAMPLED_MIN_ROWS`` rows; ``select_kernel.block_keep`` decides
-    for the dispatcher)."""
+    for the dispatcher). ``n_sm``: the SMs that ``paired`` weighs a launch's blocks against
+    (default: the CUDA device's; on another device none, one block an SM)."""
     q, n = scores.shape
     dev = scores.device
     out_ids = torch.empty((q, k), dtype=torch.int32, device=dev)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=dev)
     if q == 0:
         return out_ids, out_sc
+    if n_sm is None and dev.type == "cuda":
+        n_sm = _sm_count(dev.index)
     chunks, chunk, kc = chunking(n, k, chunk)
+    keep = sampled(q) if keep is None else bool(keep)
+    plan = plan_kernels(n, k, chunk, q, keep=keep, n_sm=n_sm)  # (kind, threads) of each launch
     if chunks == 1:
-        t = tile(n)
-        compile_tile(t, dev.index)(
+        kind, t = plan[0]
+        compile_tile(t, dev.index, kind)(
             grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
             args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
                   out_ids.stride(0), out_sc.stride(0), 0, out_ids])
         return out_ids, out_sc
     m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
-    keep = sampled(q) if keep is None else bool(keep)
     w, target = sampled_sizes(chunks, kc, k) if keep else (m, 0)  # the workspace row
     w_ids = torch.empty((q, w), dtype=torch.int32, device=dev)
     w_sc = torch.empty((q, w), dtype=torch.float32, device=dev)
     w_pos = torch.empty((q, w), dtype=torch.int32, device=dev)
-    gate, kinds = out_ids, ("chunks", "merge")  # (the ungated kinds read no status: any pointer)
+    gate = out_ids  # (the ungated kinds read no status: any pointer)
     if keep:  # the sample's cutoff; the keep fills the workspace row and writes each row's status
         cut = torch.empty((q,), dtype=torch.int64, device=dev)
         gate = torch.empty((q, 4), dtype=torch.int32, device=dev)
-        kinds = ("chunks_gated", "merge_gated")
         compile_tile(SAMPLE_THREADS, dev.index, "sample")(
             grid=(q, 1, 1), block=(SAMPLE_THREADS, 1, 1), shared_mem=0,
             args=[scores, ids, cut, gate, n, target, scores.stride(0), ids.stride(0)])
         compile_tile(KEEP_THREADS, dev.index, "keep")(
             grid=(q, -(-n // (KEEP_THREADS * KEEP_ITEMS)), 1), block=(KEEP_THREADS, 1, 1), shared_mem=0,
             args=[scores, ids, cut, gate, w_ids, w_sc, w_pos, n, w, k, scores.stride(0), ids.stride(0), w])
-    t1, t2 = tile(chunk), tile(w)
-    compile_tile(t1, dev.index, kinds[0])(  # (no ordering: no dynamic shared memory; gated: the rows of status -1)
+    (kind1, t1), (kind2, t2) = plan[-2:]  # (chunks, merge; gated after the keep)
+    compile_tile(t1, dev.index, kind1)(  # (no ordering: no dynamic shared memory; gated: the rows of status -1)
         grid=(q, chunks, 1), block=(t1, 1, 1), shared_mem=0,
         args=[scores, ids, ids, w_ids, w_sc, w_pos, n, kc, chunk, scores.stride(0), ids.stride(0), 0, w, w, w, gate])
-    compile_tile(t2, dev.index, kinds[1])(
+    compile_tile(t2, dev.index, kind2)(
         grid=(q, 1, 1), block=(t2, 1, 1), shared_mem=DYN_BYTES,
         args=[w_sc, w_ids, w_pos, out_ids, out_sc, out_ids, m, k, m, w, w, w, out_ids.stride(0), out_sc.stride(0), 0,
               gate])

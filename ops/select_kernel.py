@@ -919,7 +919,7 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     path = choose_path(q, n, k, n_sm)
     if path == "block":  # one NVRTC function a tile: the row's, or its chunks' and their merge's
         return (path, kb) + select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q,
-                                                           keep=block_keep(q, n, k, n_sm))
+                                                           keep=block_keep(q, n, k, n_sm), n_sm=n_sm)
     if path == "row":  # the row kernel orders its own winners
         cfg = row_config(n, q)
         smp = sample_config(n, cfg[3])
@@ -1017,13 +1017,14 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
             if collecting():  # a parallel compile of plans (precompile): the block kernel compiles now (NVRTC)
                 if q > 0:
                     for kind, t in select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q,
-                                                             keep=block_keep(q, n, k, n_sm)):
+                                                             keep=block_keep(q, n, k, n_sm), n_sm=n_sm):
                         select_block.compile_tile(t, scores.device.index, kind)
                 return (torch.empty((q, k), dtype=torch.int32, device=scores.device),
                         torch.empty((q, k), dtype=torch.float32, device=scores.device))
             return select_block.block_select(scores if scores.stride(1) == 1 else scores.contiguous(),
                                              ids if ids.stride(1) == 1 else ids.contiguous(), k,
-                                             chunk=block_chunk(q, n, k, n_sm), keep=block_keep(q, n, k, n_sm))
+                                             chunk=block_chunk(q, n, k, n_sm), keep=block_keep(q, n, k, n_sm),
+                                             n_sm=n_sm)
         except RuntimeError:
             if not chosen or select_block.available():
                 raise

@@ -36,11 +36,12 @@ class BlockOnCpu:
         seed = self._seed
         return lambda **launch: kern(seed=seed, **launch)
 
-    def __call__(self, scores, ids, k, chunk=None, seed=0):
+    def __call__(self, scores, ids, k, chunk=None, seed=0, **kw):
+        """``kw``: more of block_select's keywords (``n_sm``, ``keep``)."""
         saved = self.module.compile_tile
         self.module.compile_tile = self.compile_tile
         self._seed = seed
         try:
-            return self.module.block_select(scores, ids, k, chunk=chunk)
+            return self.module.block_select(scores, ids, k, chunk=chunk, **kw)
         finally:
             self.module.compile_tile = saved

@@ -142,13 +142,37 @@ def test_dispatcher_takes_the_block_path_beyond_the_staged_rows(block_runs, monk
     assert sk.block_chunk(8, 65536, 100, 132) == 8192
     assert sk.launch_plan(8, 65536, 100) == ("block", 128) + _plan(65536, 100, 8192, (("chunks", 512), ("merge", 256)))
     assert sk.block_chunk(63, 32768, 2048, 132) == 8192
-    assert sk.launch_plan(63, 32768, 2048) == ("block", 2048) + _plan(32768, 2048, 8192, (("chunks", 512), ("merge", 512)))
+    assert sk.launch_plan(63, 32768, 2048) == ("block", 2048) + _plan(32768, 2048, 8192, (("chunks@2", 512), ("merge", 512)))
     assert sk.block_chunk(67, 32768, 2048, 132) is None  # 268 blocks of 8192: more than 2 an SM
     assert sk.block_chunk(8, 131072, 2048, 132) is None  # 16 chunks' 2048 each: more than a merge holds
     assert sk.launch_plan(8, 131072, 2048) == ("block", 2048) + _plan(131072, 2048, None, (("chunks", 1024), ("merge", 1024)))
     assert sk.block_chunk(1000, 16384, 2048, 132) is None
     monkeypatch.setattr(sk, "BLOCK_PATH", False)
     assert sk.choose_path(5, 16384, 2048, 132) == "row"
+
+
+def test_the_512_tile_runs_two_blocks_an_sm_where_a_launch_has_more_blocks_than_sms(block_runs):
+    """select_block.paired: a kind of the 512 tile compiles for two blocks an SM (kind + "@2",
+    __launch_bounds__(512, 2)) where its launch has more blocks than the device has SMs; the other
+    tiles, fewer blocks, or no SM count given: one block an SM."""
+    if not SHIPPED:
+        pytest.skip("the shipped module's tiles")
+    plan = select_block.plan_kernels
+    assert plan(8192, 2048, q=132, n_sm=132) == (("row", 512),) and plan(8192, 2048, q=133, n_sm=132) == (("row@2", 512),)
+    assert plan(8192, 2048, q=4096) == (("row", 512),)  # (no SM count)
+    assert plan(16384, 2048, q=4096, n_sm=132) == (("row", 1024),) and plan(4096, 2048, q=4096, n_sm=132) == (("row", 256),)
+    # a long row: the chunks' blocks (rows x chunks) and the merge's (rows), each against the SMs
+    assert plan(20000, 2048, q=1024, n_sm=132) == (("sample", 256), ("keep", 256), ("chunks_gated", 1024),
+                                                   ("merge_gated@2", 512))
+    assert plan(32768, 2048, 8192, q=40, n_sm=132) == (("chunks@2", 512), ("merge", 512))
+    assert plan(32768, 2048, 8192, q=33, n_sm=132) == (("chunks", 512), ("merge", 512))
+    assert sk.launch_plan(1024, 8192, 2048, 132) == ("block", 2048, ("row@2", 512))
+    assert sk.launch_plan(64, 8192, 2048, 132) == ("block", 2048, ("row", 512))
+    for kind in ("row", "chunks", "merge", "chunks_gated", "merge_gated"):
+        one, two = select_block.source(512, kind), select_block.source(512, kind + select_block.PAIRED)
+        assert "#define MINB 1\n" in one and "#define MINB 2\n" in two
+        assert one.replace("#define MINB 1\n", "#define MINB 2\n") == two
+    assert "__launch_bounds__(THREADS, MINB)" in select_block.SOURCE
 
 
 def test_dispatcher_keeps_the_row_kernel_where_the_block_path_cannot_run(monkeypatch):

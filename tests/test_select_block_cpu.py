@@ -348,3 +348,18 @@ def test_key_bits_inverts_the_order_key():
     assert bool(nan.any()) and bool((~nan).sum() > 3000)
     assert torch.equal(back[~nan], bits[~nan])
     assert bool((key[nan] == 1).all()) and not bool((key[~nan] == 1).any())  # (KEY_NAN: NaN's alone)
+
+
+def test_paired_kinds_run_the_same_selection(on_cpu, sb):
+    """Where a launch has more blocks than SMs (here: ``n_sm=1``), the 512 tile's kinds run their
+    functions for two blocks an SM (``kind@2``): the same source but for ``__launch_bounds__``, exact
+    on a row of one block and on rows in chunks (the chunks and the merge on 512 threads)."""
+    if not hasattr(sb, "PAIRED_TILES"):
+        pytest.skip("this module has no paired tiles")
+    scores, ids = make_case("nandups", 3, 6000, 1000, seed=32)
+    check_equal(on_cpu(scores, ids, 1000, None, 1, n_sm=1), ref_python(scores, ids, 1000), "row@2")
+    assert set(on_cpu.launched) == {(512, "row" + sb.PAIRED)}
+    on_cpu.launched.clear()
+    scores, ids = make_case("special", 2, 12000, 700, seed=33)
+    check_equal(on_cpu(scores, ids, 700, 6000, 2, n_sm=1, keep=False), ref_python(scores, ids, 700), "chunks@2")
+    assert set(on_cpu.launched) == {(512, "chunks" + sb.PAIRED), (256, "merge")}
