@@ -18,7 +18,9 @@ kernel's time at 8-4096 rows of 4096-16384 candidates.
 
 The kernel, one block of ``tile(n)`` threads a row (kind ``row``):
 * The row stays in registers, 16 candidates a thread (``ITEMS``): candidate ``t * THREADS +
-  tid`` sits in thread ``tid``'s slot ``t``.
+  tid`` sits in thread ``tid``'s slot ``t``. One block an SM, but the 512 tile runs two (its
+  kinds' ``PAIRED`` functions, 64 registers a thread) where a launch has more blocks than SMs
+  (``paired``, session 32).
 * The k-th key is found by radix select with 8-bit digits, each histogram built by shared
   atomics. It runs on the unsigned score key (at most 4 passes, stopping at the first bin that
   holds exactly the candidates still wanted; in the 1024-thread tile also at a pass whose keys
