@@ -263,6 +263,13 @@ def block_keep(q: int, n: int, k: int, n_sm: int) -> bool:
     return q > rows and n_chunks > chunks and q * n_chunks > BLOCK_LONG_WAVES * n_sm
 
 
+def block_options(q: int, n: int, k: int, n_sm: int) -> dict:
+    """``select_block.block_select``'s options for a call the dispatcher sends to the block path
+    (``chunk``: ``block_chunk``; ``keep``: ``block_keep``; ``n_sm``), which its plan
+    (``launch_plan``), precompile and the call itself share."""
+    return dict(chunk=block_chunk(q, n, k, n_sm), keep=block_keep(q, n, k, n_sm), n_sm=n_sm)
+
+
 def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:
     """The block path's chunk for rows beyond a block (``select_block.chunking``): None (the
     fewest chunks, 16384 at most), or ``BLOCK_SHORT_CHUNK`` where the row's chunks of that size
@@ -918,8 +925,8 @@ def launch_plan(q: int, n: int, k: int, n_sm: int = 132) -> tuple:
     kb = max(2, select_staged.next_pow2(k))
     path = choose_path(q, n, k, n_sm)
     if path == "block":  # one NVRTC function a tile: the row's, or its chunks' and their merge's
-        return (path, kb) + select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q,
-                                                           keep=block_keep(q, n, k, n_sm), n_sm=n_sm)
+        opts = block_options(q, n, k, n_sm)
+        return (path, kb) + select_block.plan_kernels(n, k, opts["chunk"], q, keep=opts["keep"], n_sm=n_sm)
     if path == "row":  # the row kernel orders its own winners
         cfg = row_config(n, q)
         smp = sample_config(n, cfg[3])
@@ -1016,15 +1023,14 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
         try:
             if collecting():  # a parallel compile of plans (precompile): the block kernel compiles now (NVRTC)
                 if q > 0:
-                    for kind, t in select_block.plan_kernels(n, k, block_chunk(q, n, k, n_sm), q,
-                                                             keep=block_keep(q, n, k, n_sm), n_sm=n_sm):
+                    opts = block_options(q, n, k, n_sm)
+                    for kind, t in select_block.plan_kernels(n, k, opts["chunk"], q, keep=opts["keep"], n_sm=n_sm):
                         select_block.compile_tile(t, scores.device.index, kind)
                 return (torch.empty((q, k), dtype=torch.int32, device=scores.device),
                         torch.empty((q, k), dtype=torch.float32, device=scores.device))
             return select_block.block_select(scores if scores.stride(1) == 1 else scores.contiguous(),
                                              ids if ids.stride(1) == 1 else ids.contiguous(), k,
-                                             chunk=block_chunk(q, n, k, n_sm), keep=block_keep(q, n, k, n_sm),
-                                             n_sm=n_sm)
+                                             **block_options(q, n, k, n_sm))
         except RuntimeError:
             if not chosen or select_block.available():
                 raise
