@@ -131,7 +131,8 @@ def run_stamped(kern, t, s, i, k):
     out_sc = torch.empty((q, k), dtype=torch.float32, device=s.device)
     st = torch.zeros((q, 32), dtype=torch.int32, device=s.device)
     kern(grid=(q, 1, 1), block=(threads(t), 1, 1), shared_mem=sb.DYN_BYTES,
-         args=[s, i, i, out_ids, out_sc, st, n, k, n, s.stride(0), i.stride(0), 0, out_ids.stride(0), out_sc.stride(0), 32])
+         args=[s, i, i, out_ids, out_sc, st, n, k, n, s.stride(0), i.stride(0), 0, out_ids.stride(0), out_sc.stride(0), 32,
+               out_ids])  # (the last: the gated kinds' status, which the row kind does not read)
     return out_ids, out_sc, st
 
 
