@@ -40,7 +40,7 @@ STAMPS = [
     ("level1", "    int rem = nsel - ab;\n", "before"),
     ("levels2-3", "  // the winners to shared memory: packed key", "before"),
     ("winners", "  if (mode & UNORDERED) {  // a chunk's winners", "before"),
-    ("ord:lohi", "  const u64 ut = sm.lo >> 31;", "before"),
+    ("ord:lohi", "  const u64 ut = sm.ulo;", "before"),  # (since session 32 taken with the winners: no pass)
     ("ord:parts", "  int nb[3], base[3], shp[3];", "before"),
     ("ord:buckets", ("  int big = scan2048(sm.off, sm);", "  int big = scan2048(sm.hm, sm);"), "before"),
     ("ord:scan", ("  int* offs = sm.off;\n", "  int* offs = sm.hm;\n"), "before"),

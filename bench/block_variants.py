@@ -526,49 +526,6 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
-# the smallest score key among the winners (the ordering's tie part) taken as the winners are written (a
-# warp's minimum, one atomic a warp), not by the ordering's own pass over the winners and its barrier
-# (session 32's phases: 1,700 of 39,800 cycles a block at 1024 x 16384)
-_LOHI_FUSED = [
-    ("  u32 pmin, pmax;", "  u32 pmin, pmax;", "  u32 pmin, pmax, ulo;  // ulo: the smallest score key among the winners\n"),
-    ("    sm.lo = ~0ull;", "    sm.lo = ~0ull;", "    sm.lo = ~0ull;\n    sm.ulo = 0xFFFFFFFFu;\n"),
-    ("  u64 mn = ~0ull, mx = 0;", "  const u64 ut = sm.lo >> 31;", "  const u64 ut = sm.ulo;  // the smallest score key among the winners (as in the packed key)\n"),
-    ("    int slot = sm.mem[tid * E];", "    int slot = sm.mem[tid * E];", "    int slot = sm.mem[tid * E];\n    u32 umin = 0xFFFFFFFFu;  // (no score key is all ones: NaN's is 1)\n"),
-    ("        sm.wpos[slot] = t * THREADS + tid;", "        ++slot;", """\
-        sm.wpos[slot] = t * THREADS + tid;
-        ++slot;
-        umin = min(umin, u[t]);
-"""),
-    Sub(r"(        umin = min\(umin, u\[t\]\);\n      \}\n    \}\n)", r"\1    umin = __reduce_min_sync(FULL, umin);\n"
-        r"    if (lane == 0 && umin != 0xFFFFFFFFu) atomicMin(&sm.ulo, umin);\n", 1),
-]
-
-# the ordering's part statistics (each part's largest and smallest packed key, and its count) by warp
-# reductions (REDUX: the high words, then the low words of the lanes at the high word's extreme), one
-# atomic of each a warp and part, not three a winner on three addresses (session 32's phases: 1,700 of
-# 39,800 cycles a block); session 31's part_warp did this with shuffles, 1.02-1.26x the time
-_PARTS_REDUX = [
-    ("      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);", "      atomicAdd(&sm.pc[part[w]], 1);", """\
-      part[w] = (kk >> 31) == ut ? 2 : ((kk >> 62) ? 0 : 1);  // (score key's top bit: a positive score)
-    }
-    const u64 kw = i < nsel ? (u64)sm.wkey[i] : 0;
-    const u32 kh = (u32)(kw >> 32), kl = (u32)kw;
-#pragma unroll
-    for (int p = 0; p < 3; ++p) {
-      const bool mine = part[w] == p;
-      const u32 in = __ballot_sync(FULL, mine);
-      if (in == 0) continue;  // (the whole warp)
-      const u32 hh = __reduce_max_sync(FULL, mine ? kh : 0u), lh = __reduce_min_sync(FULL, mine ? kh : ~0u);
-      const u32 hl = __reduce_max_sync(FULL, mine && kh == hh ? kl : 0u);
-      const u32 ll = __reduce_min_sync(FULL, mine && kh == lh ? kl : ~0u);
-      if (lane == 0) {
-        atomicMax(&sm.ph[p], ((u64)hh << 32) | hl);
-        atomicMin(&sm.pl[p], ((u64)lh << 32) | ll);
-        atomicAdd(&sm.pc[p], __popc(in));
-      }
-"""),
-]
-
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
@@ -577,10 +534,10 @@ _PARTS_REDUX = [
 # ordering's shifts without 64-bit divisions, and measured part_warp and in32 slower: their text is in
 # the history at commit 9fe81c3; it shipped key_bits too, the winners' score bits from their packed keys,
 # and lb2_512 as PAIRED_TILES (the 512 tile at two blocks an SM where a launch has more blocks than SMs),
-# and measured noids and wide slower (in the history at commit 031b5fb))
+# and measured noids and wide slower (in the history at commit 031b5fb); it shipped lohi_fused, the winners'
+# smallest score key taken as they are written, and measured parts_redux slower (history: c9346a5))
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
-            "lohi_fused": _LOHI_FUSED, "parts_redux": _PARTS_REDUX}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:

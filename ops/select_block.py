@@ -141,10 +141,10 @@ struct Smem {
   int off[NB];   // the ordering's bucket sizes, then their offsets
   int mem[KMAX];  // the members in bucket order, then the winners in output order
   int wtot[32];
-  u64 lo, hi, ph[3], pl[3];
+  u64 ph[3], pl[3];
   u32 kmin[2], kmax[2];
   int pc[3], big, bin, above, eq, nvalid, ninf, nnan, wcount;
-  u32 pmin, pmax;
+  u32 pmin, pmax, ulo;  // ulo: the smallest score key among the winners (taken as they are written)
 };
 // dynamic shared memory (the module's DYN_BYTES): the second level's key ranges (max, min) at each
 // bucket's output offset, and its sub-bucket sizes, then offsets
@@ -340,23 +340,7 @@ __device__ int scan2048(int* a, Smem& sm) {
 // counts the members before it.
 __device__ void order_winners(Smem& sm, u64* dyn, int nsel, const int* __restrict__ prow) {
   const int tid = threadIdx.x, lane = tid & 31;
-  u64 mn = ~0ull, mx = 0;
-  for (int i = tid; i < nsel; i += THREADS) {
-    u64 kk = (u64)sm.wkey[i];
-    mn = min(mn, kk);
-    mx = max(mx, kk);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    mn = min(mn, __shfl_xor_sync(FULL, mn, o));
-    mx = max(mx, __shfl_xor_sync(FULL, mx, o));
-  }
-  if (lane == 0) {
-    atomicMin(&sm.lo, mn);
-    atomicMax(&sm.hi, mx);
-  }
-  __syncthreads();
-  const u64 ut = sm.lo >> 31;  // the smallest score key among the winners (as in the packed key)
+  const u64 ut = sm.ulo;  // the smallest score key among the winners (as in the packed key)
   int part[WPER];
 #pragma unroll
   for (int w = 0; w < WPER; ++w) {
@@ -529,8 +513,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
     sm.ninf = 0;
     sm.nnan = 0;
     sm.wcount = 0;
-    sm.lo = ~0ull;
-    sm.hi = 0;
+    sm.ulo = 0xFFFFFFFFu;
     sm.big = 0;
     for (int p = 0; p < 3; ++p) {
       sm.ph[p] = 0;
@@ -627,14 +610,18 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
     for (int e = 1; e < E; ++e) sm.mem[tid * E + e] = 0;
     scan2048(sm.mem, sm);
     int slot = sm.mem[tid * E];
+    u32 umin = 0xFFFFFFFFu;  // (no score key is all ones: NaN's is 1)
 #pragma unroll
     for (int t = 0; t < ITEMS; ++t) {
       if ((wins >> t) & 1u) {
         sm.wkey[slot] = ((i64)u[t] << 31) | (i64)(0x7FFFFFFFu - (u32)id[t]);
         sm.wpos[slot] = t * THREADS + tid;
         ++slot;
+        umin = min(umin, u[t]);
       }
     }
+    umin = __reduce_min_sync(FULL, umin);
+    if (lane == 0 && umin != 0xFFFFFFFFu) atomicMin(&sm.ulo, umin);
   }
   __syncthreads();
 
