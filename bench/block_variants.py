@@ -526,6 +526,48 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
+# the tie levels' keys (the inverted id, then the inverted position) in place of the score key in u for
+# the slots in play (whose score key is T1, put back after them), the ids kept in registers: the
+# arrays v and w (ITEMS registers each, live with u and id through the id level) go. Session 32's
+# noids did this and also dropped the id registers (1.04-1.19x the time: the ids read again cost
+# more); nvcc: the 1024 tile spills 84 / 128 bytes as shipped
+_INPLACE_LEVELS = [
+    ("      u32 v[ITEMS];", "        radix_select(w, play3, rem, eq, 1, sm, T3, sh3, ab, eq);", """\
+      u32 play = 0;  // (the slots at T1: their keys become the inverted ids, then T1 again below)
+#pragma unroll
+      for (int t = 0; t < ITEMS; ++t) {
+        if (((valid >> t) & 1u) && u[t] == T1) {
+          play |= 1u << t;
+          u[t] = 0x7FFFFFFFu - (u32)id[t];
+        }
+      }
+      tied = play;
+      radix_select(u, play, rem, eq, 0, sm, T2, sh2, ab, eq);
+      rem -= ab;
+      if (eq > rem) {  // duplicate ids at T1: by position
+        lvl = 3;
+        u32 play3 = 0;
+#pragma unroll
+        for (int t = 0; t < ITEMS; ++t) {
+          if (((play >> t) & 1u) && u[t] == T2) {
+            play3 |= 1u << t;
+            u[t] = ~(u32)position(t * THREADS + tid);
+          }
+        }
+        radix_select(u, play3, rem, eq, 1, sm, T3, sh3, ab, eq);
+"""),
+    ("  int lvl = 0;  // 0: every valid candidate wins; else the levels run", "  int lvl = 0;", """\
+  int lvl = 0;  // 0: every valid candidate wins; else the levels run
+  u32 tied = 0;  // the slots whose u holds a tie level's key (their score key is T1)
+"""),
+    ("  // the winners to shared memory: packed key (score key above inverted id)", "  // the winners to shared memory", """\
+#pragma unroll
+  for (int t = 0; t < ITEMS; ++t)
+    if ((tied >> t) & 1u) u[t] = T1;
+  // the winners to shared memory: packed key (score key above inverted id), position; a thread's
+"""),
+]
+
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
@@ -537,7 +579,8 @@ _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024
 # and measured noids and wide slower (in the history at commit 031b5fb); it shipped lohi_fused, the winners'
 # smallest score key taken as they are written, and measured parts_redux slower (history: c9346a5))
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
+            "inplace_levels": _INPLACE_LEVELS}
 
 
 def _edit(text: str, edit, what: str) -> str:
