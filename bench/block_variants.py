@@ -568,6 +568,48 @@ _INPLACE_LEVELS = [
 """),
 ]
 
+# two histograms (and pass extremes) taken in turn: a radix pass zeroes the next pass's while it fills its
+# own, so the barrier before each pass's atomics goes (one a pass; session 32's phases: the score level
+# takes 11,000 of 39,800 cycles a block at 1024 x 16384, three to four passes of three barriers each)
+_HIST2 = [
+    ("  int hist[256];", "  int hist[256];", "  int hist[2][256];  // a radix pass's histogram, and the next pass's (zeroed meanwhile)\n"),
+    ("  u32 pmin, pmax, ulo;", "  u32 pmin, pmax, ulo;",
+     "  u32 pmin[2], pmax[2], ulo;  // ulo: the smallest score key among the winners (taken as they are written)\n"),
+    ("                                             Smem& sm, u32& T, int& sh, int& above, int& eq) {",
+     "                                             Smem& sm, u32& T, int& sh, int& above, int& eq) {",
+     "                                             Smem& sm, u32& T, int& sh, int& above, int& eq, int& hb) {\n"),
+    ("    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;", "    __syncthreads();", """\
+    const int b0 = hb, b1 = hb ^ 1;  // this pass's histogram (zeroed before), the next pass's (zeroed now)
+    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[b1][i] = 0;
+    if (threadIdx.x == 0) {
+      sm.pmin[b1] = 0xFFFFFFFFu;
+      sm.pmax[b1] = 0;
+    }
+"""),
+    Sub(r"atomicAdd\(&sm\.hist\[b\], 1\);", "atomicAdd(&sm.hist[b0][b], 1);", 1),
+    Sub(r"atomicMin\(&sm\.pmin, mn\);", "atomicMin(&sm.pmin[b0], mn);", 1),
+    Sub(r"atomicMax\(&sm\.pmax, mx\);", "atomicMax(&sm.pmax[b0], mx);", 1),
+    Sub(r"mn = sm\.pmin;", "mn = sm.pmin[b0];", 1),
+    Sub(r"mx = sm\.pmax;", "mx = sm.pmax[b0];", 1),
+    Sub(r"c\[j\] = sm\.hist\[255 - 8 \* lane - j\];", "c[j] = sm.hist[b0][255 - 8 * lane - j];", 1),
+    Sub(r"(    prefix \|= \(u32\)sm\.bin << s;\n)", r"\1    hb = b1;\n", 1),
+    Sub(r"radix_select\((u|v|w), (valid|play|play3), (nsel|rem), (nvalid|eq), (-1|0|1), sm, (T\d), (sh\d), ab, eq\);",
+        r"radix_select(\1, \2, \3, \4, \5, sm, \6, \7, ab, eq, hb);", 3),
+    ("  int lvl = 0;  // 0: every valid candidate wins; else the levels run", "  int lvl = 0;", """\
+  int lvl = 0;  // 0: every valid candidate wins; else the levels run
+  int hb = 0;  // the histogram radix_select's next pass fills (zeroed at the start)
+"""),
+    ("    sm.ulo = 0xFFFFFFFFu;", "    sm.ulo = 0xFFFFFFFFu;", """\
+    sm.ulo = 0xFFFFFFFFu;
+    sm.pmin[0] = 0xFFFFFFFFu;
+    sm.pmax[0] = 0;
+"""),
+    ("  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;", "  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;", """\
+  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;
+  for (int i = tid; i < 256; i += THREADS) sm.hist[0][i] = 0;
+"""),
+]
+
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
@@ -580,7 +622,7 @@ _INPLACE_LEVELS = [
 # smallest score key taken as they are written, and measured parts_redux slower (history: c9346a5))
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
-            "inplace_levels": _INPLACE_LEVELS}
+            "inplace_levels": _INPLACE_LEVELS, "hist2": _HIST2}
 
 
 def _edit(text: str, edit, what: str) -> str:
