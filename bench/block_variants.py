@@ -610,6 +610,91 @@ _HIST2 = [
 """),
 ]
 
+# the score level's first pass (the top digit, every valid key in play) built with the row's counts,
+# between the same two barriers: the pass's own zeroing barrier, loop and barrier go. -inf and NaN
+# (both of bin 0) take no atomic: their counts are added to bin 0 where the bin is found, so a short
+# context's -inf pads cost nothing where the cutoff is at -inf and the levels do not run
+_FUSED_FIRST = [
+    ("                                             Smem& sm, u32& T, int& sh, int& above, int& eq) {",
+     "                                             Smem& sm, u32& T, int& sh, int& above, int& eq) {",
+     "                                             Smem& sm, u32& T, int& sh, int& above, int& eq, bool pre) {\n"),
+    ("    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;", "      mn = sm.pmin;  // (read before", """\
+    // the 1024-thread tile: also the smallest and the largest key in play (all equal: a tie at the
+    // cutoff, and no pass after this one). H200 (session 23, bench/block_ab.py): there mass ties took
+    // 0.90-0.94x the time and random scores 1.02-1.04x; the 256 and 512 tiles took 0.98-1.05x
+    const bool span = THREADS == 1024;
+    const bool built = pre && s == s0;  // (this pass's histogram and extremes came with the row's counts)
+    u32 mn = 0xFFFFFFFFu, mx = 0;
+    if (!built) {
+      for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
+      if (threadIdx.x == 0) {
+        sm.pmin = 0xFFFFFFFFu;
+        sm.pmax = 0;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int t = 0; t < ITEMS; ++t) {
+        bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));
+        int b = in ? (int)((key[t] >> s) & 255u) : 256;
+        if (in) {
+          atomicAdd(&sm.hist[b], 1);
+          if (span) {
+            mn = min(mn, key[t]);
+            mx = max(mx, key[t]);
+          }
+        }
+      }
+      if (span) {
+        mn = __reduce_min_sync(FULL, mn);
+        mx = __reduce_max_sync(FULL, mx);
+        if (lane == 0 && mn <= mx) {
+          atomicMin(&sm.pmin, mn);
+          atomicMax(&sm.pmax, mx);
+        }
+      }
+      __syncthreads();
+    }
+    if (span) {
+      mn = sm.pmin;  // (read before the barrier below: the next pass resets them after it)
+"""),
+    Sub(r"c\[j\] = sm\.hist\[255 - 8 \* lane - j\];",
+        "c[j] = sm.hist[255 - 8 * lane - j] + (built && 8 * lane + j == 255 ? sm.ninf + sm.nnan : 0);", 1),
+    Sub(r"radix_select\(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq\);", "radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq, true);", 1),
+    Sub(r"radix_select\((v|w|u), (play|play3), rem, eq, (0|1), sm, (T2|T3), (sh2|sh3), ab, eq\);",
+        r"radix_select(\1, \2, rem, eq, \3, sm, \4, \5, ab, eq, false);", 2),
+    ("    sm.ulo = 0xFFFFFFFFu;", "    sm.ulo = 0xFFFFFFFFu;", """\
+    sm.ulo = 0xFFFFFFFFu;
+    sm.pmin = 0xFFFFFFFFu;
+    sm.pmax = 0;
+"""),
+    ("  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;", "  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;", """\
+  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;
+  for (int i = tid; i < 256; i += THREADS) sm.hist[i] = 0;
+"""),
+    ("  nv = __reduce_add_sync(FULL, nv);", "  nv = __reduce_add_sync(FULL, nv);", """\
+  {  // the score level's first pass: the top digit of every valid key (-inf and NaN: counted, bin 0)
+    u32 mn = 0xFFFFFFFFu, mx = 0;
+#pragma unroll
+    for (int t = 0; t < ITEMS; ++t) {
+      if ((valid >> t) & 1u) {
+        if (u[t] != KEY_NEGINF && u[t] != KEY_NAN) atomicAdd(&sm.hist[u[t] >> 24], 1);
+        mn = min(mn, u[t]);
+        mx = max(mx, u[t]);
+      }
+    }
+    if (THREADS == 1024) {  // (radix_select's span)
+      mn = __reduce_min_sync(FULL, mn);
+      mx = __reduce_max_sync(FULL, mx);
+      if (lane == 0 && mn <= mx) {
+        atomicMin(&sm.pmin, mn);
+        atomicMax(&sm.pmax, mx);
+      }
+    }
+  }
+  nv = __reduce_add_sync(FULL, nv);
+"""),
+]
+
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
@@ -622,7 +707,8 @@ _HIST2 = [
 # smallest score key taken as they are written, and measured parts_redux slower (history: c9346a5))
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
-            "inplace_levels": _INPLACE_LEVELS, "hist2": _HIST2}
+            "inplace_levels": _INPLACE_LEVELS, "hist2": _HIST2,
+            "fused_first": _FUSED_FIRST}
 
 
 def _edit(text: str, edit, what: str) -> str:
