@@ -618,45 +618,16 @@ _FUSED_FIRST = [
     ("                                             Smem& sm, u32& T, int& sh, int& above, int& eq) {",
      "                                             Smem& sm, u32& T, int& sh, int& above, int& eq) {",
      "                                             Smem& sm, u32& T, int& sh, int& above, int& eq, bool pre) {\n"),
-    ("    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;", "      mn = sm.pmin;  // (read before", """\
-    // the 1024-thread tile: also the smallest and the largest key in play (all equal: a tie at the
-    // cutoff, and no pass after this one). H200 (session 23, bench/block_ab.py): there mass ties took
-    // 0.90-0.94x the time and random scores 1.02-1.04x; the 256 and 512 tiles took 0.98-1.05x
-    const bool span = THREADS == 1024;
+    ("    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;",
+     "    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;", """\
+    const bool span = THREADS == 1024;  // (below)
     const bool built = pre && s == s0;  // (this pass's histogram and extremes came with the row's counts)
     u32 mn = 0xFFFFFFFFu, mx = 0;
-    if (!built) {
-      for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
-      if (threadIdx.x == 0) {
-        sm.pmin = 0xFFFFFFFFu;
-        sm.pmax = 0;
-      }
-      __syncthreads();
-#pragma unroll
-      for (int t = 0; t < ITEMS; ++t) {
-        bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));
-        int b = in ? (int)((key[t] >> s) & 255u) : 256;
-        if (in) {
-          atomicAdd(&sm.hist[b], 1);
-          if (span) {
-            mn = min(mn, key[t]);
-            mx = max(mx, key[t]);
-          }
-        }
-      }
-      if (span) {
-        mn = __reduce_min_sync(FULL, mn);
-        mx = __reduce_max_sync(FULL, mx);
-        if (lane == 0 && mn <= mx) {
-          atomicMin(&sm.pmin, mn);
-          atomicMax(&sm.pmax, mx);
-        }
-      }
-      __syncthreads();
-    }
-    if (span) {
-      mn = sm.pmin;  // (read before the barrier below: the next pass resets them after it)
+    if (!built) {  // (the pass's zeroing, atomics and barriers: as shipped)
+    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
 """),
+    ("    const bool span = THREADS == 1024;\n", "    u32 mn = 0xFFFFFFFFu, mx = 0;", ""),
+    Sub(r"(    __syncthreads\(\);\n)(    if \(span\) \{\n      mn = sm\.pmin;)", r"\1    }\n\2", 1),
     Sub(r"c\[j\] = sm\.hist\[255 - 8 \* lane - j\];",
         "c[j] = sm.hist[255 - 8 * lane - j] + (built && 8 * lane + j == 255 ? sm.ninf + sm.nnan : 0);", 1),
     Sub(r"radix_select\(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq\);", "radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq, true);", 1),
