@@ -97,7 +97,7 @@ import time
 import torch
 
 __all__ = ["available", "supports", "tile", "chunking", "sampled", "plan_kernels", "source", "block_select",
-           "compile_tile", "KINDS", "MAX_N", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
+           "compile_tile", "paired", "KINDS", "MAX_N", "PAIRED", "PAIRED_TILES", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
 
 log = logging.getLogger("tpflare.select_block")
 

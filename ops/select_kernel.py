@@ -102,7 +102,7 @@ import torch
 from . import select_block, select_staged
 from .select_compile import collecting, compile_in_parallel, launch
 
-__all__ = ["available", "supports", "choose_path", "block_chunk", "row_config", "sample_config", "launch_plan", "precompile", "triton_ordered_select",
+__all__ = ["available", "supports", "choose_path", "block_chunk", "block_keep", "block_options", "row_config", "sample_config", "launch_plan", "precompile", "triton_ordered_select",
            "MAX_CANDIDATES", "MAX_K", "PAD_SCORE"]
 
 log = logging.getLogger("tpflare.select_kernel")
