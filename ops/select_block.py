@@ -97,7 +97,7 @@ import time
 import torch
 
 __all__ = ["available", "supports", "tile", "chunking", "sampled", "plan_kernels", "source", "block_select",
-           "compile_tile", "paired", "KINDS", "MAX_N", "PAIRED", "PAIRED_TILES", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
+           "compile_tile", "paired", "sm_count", "KINDS", "MAX_N", "PAIRED", "PAIRED_TILES", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
 
 log = logging.getLogger("tpflare.select_block")
 
@@ -950,9 +950,11 @@ def source(threads: int, kind: str = "row") -> str:
             f"#define MODE {KINDS[base]}\n" + SAMPLED_SOURCES.get(base, SOURCE))
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).multi_processor_count
+def sm_count(index: int | None = None) -> int:
+    """The SMs of a CUDA device (the current one by default): what ``paired`` weighs a launch's
+    blocks against (``select_kernel`` keeps it per device)."""
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+               .multi_processor_count)
 
 
 def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
@@ -1005,7 +1007,7 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
     if q == 0:
         return out_ids, out_sc
     if n_sm is None and dev.type == "cuda":
-        n_sm = _sm_count(dev.index)
+        n_sm = sm_count(dev.index)
     chunks, chunk, kc = chunking(n, k, chunk)
     keep = sampled(q) if keep is None else bool(keep)
     plan = plan_kernels(n, k, chunk, q, keep=keep, n_sm=n_sm)  # (kind, threads) of each launch

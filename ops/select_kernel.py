@@ -292,7 +292,7 @@ def block_chunk(q: int, n: int, k: int, n_sm: int) -> int | None:
 def _num_sms(index: int) -> int:
     if _interpret() or not torch.cuda.is_available():
         return 132
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+    return select_block.sm_count(index)
 
 
 def _check_tile(name: str, v) -> None:
