@@ -16,9 +16,10 @@ from tpflare.ops import select_kernel as sk
 SHIPPED = select_block.__name__ == "tpflare.ops.select_block"  # (else a variant in its place: --block-module)
 
 
-def _plan(n, k, chunk, shipped):
-    """A long row's kernels: as written for the shipped module, else the variant's own."""
-    return shipped if SHIPPED else select_block.plan_kernels(n, k, chunk)
+def _plan(q, n, k, chunk, shipped):
+    """A long row's kernels, its chunks then their merge, on 132 SMs: as written for the shipped
+    module, else the variant's own."""
+    return shipped if SHIPPED else select_block.plan_kernels(n, k, chunk, q, keep=False, n_sm=132)
 
 
 def test_tiles_hold_their_rows():
@@ -140,12 +141,12 @@ def test_dispatcher_takes_the_block_path_beyond_the_staged_rows(block_runs, monk
     assert sk.launch_plan(64, 4000, 2048) == ("block", 2048, ("row", 256))
     # chunks of 8192 where they make at most 2 blocks an SM and the merge holds their best
     assert sk.block_chunk(8, 65536, 100, 132) == 8192
-    assert sk.launch_plan(8, 65536, 100) == ("block", 128) + _plan(65536, 100, 8192, (("chunks", 512), ("merge", 256)))
+    assert sk.launch_plan(8, 65536, 100) == ("block", 128) + _plan(8, 65536, 100, 8192, (("chunks", 512), ("merge", 256)))
     assert sk.block_chunk(63, 32768, 2048, 132) == 8192
-    assert sk.launch_plan(63, 32768, 2048) == ("block", 2048) + _plan(32768, 2048, 8192, (("chunks@2", 512), ("merge", 512)))
+    assert sk.launch_plan(63, 32768, 2048) == ("block", 2048) + _plan(63, 32768, 2048, 8192, (("chunks@2", 512), ("merge", 512)))
     assert sk.block_chunk(67, 32768, 2048, 132) is None  # 268 blocks of 8192: more than 2 an SM
     assert sk.block_chunk(8, 131072, 2048, 132) is None  # 16 chunks' 2048 each: more than a merge holds
-    assert sk.launch_plan(8, 131072, 2048) == ("block", 2048) + _plan(131072, 2048, None, (("chunks", 1024), ("merge", 1024)))
+    assert sk.launch_plan(8, 131072, 2048) == ("block", 2048) + _plan(8, 131072, 2048, None, (("chunks", 1024), ("merge", 1024)))
     assert sk.block_chunk(1000, 16384, 2048, 132) is None
     monkeypatch.setattr(sk, "BLOCK_PATH", False)
     assert sk.choose_path(5, 16384, 2048, 132) == "row"
