@@ -666,6 +666,184 @@ _FUSED_FIRST = [
 """),
 ]
 
+# level 1's later passes over a list (session 33): after the first pass over the registers, the candidates
+# in its bin (at most LIST_MAX: 4096 keys, in the winners' key array, free until the winners are written)
+# are listed in shared memory, and the passes after it read the list (a few keys a thread) instead of
+# every thread's 16 slots. Random normal scores at 1024 x 16384 put about 2,200 keys in the first
+# bin; an instruction a slot costs 128 issue cycles of a 1024-thread block, and a pass takes about a
+# dozen (session 31's profile: the radix passes 22 % of the samples, latency-bound at IPC 2.3)
+_LIST_PASSES = [
+    ("  int pc[3], big, bin, above, eq, nvalid, ninf, nnan, wcount;", "  int pc[3], big, bin, above, eq,",
+     "  int pc[3], big, bin, above, eq, nvalid, ninf, nnan, wcount, lcount;  // lcount: level 1's list\n"),
+    ("    sm.kmax[0] = sm.kmax[1] = 0;", "    sm.kmax[0] = sm.kmax[1] = 0;", "    sm.kmax[0] = sm.kmax[1] = 0;\n    sm.lcount = 0;\n"),
+    ("      radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq);",
+     "      radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq);",
+     "      radix_select(u, valid, nsel, nvalid, -1, sm, T1, sh1, ab, eq, reinterpret_cast<u32*>(sm.wkey));\n"),
+    ("__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, int need, int total, int narrow,",
+     "  T = prefix;", r"""#define LIST_MAX (2 * KMAX)  // level 1's list: keys in the winners' key array (i64[KMAX])
+// the bin of the rem-th largest key of a pass's histogram (warp 0; lane l holds bins 255 - 8l - j):
+// sm.bin, sm.above (the count in the bins above it), sm.eq (its count); the caller's barrier follows
+__device__ __forceinline__ void find_bin(Smem& sm, int rem) {
+  const int lane = threadIdx.x & 31;
+  int c[8];
+  int tot = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    c[j] = sm.hist[255 - 8 * lane - j];
+    tot += c[j];
+  }
+  int incl = tot;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  int acc = incl - tot;
+  if (acc < rem && rem <= incl) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (acc < rem && rem <= acc + c[j]) {
+        sm.bin = 255 - 8 * lane - j;
+        sm.above = acc;
+        sm.eq = c[j];
+      }
+      acc += c[j];
+    }
+  }
+}
+
+// The need-th largest key among the candidates in play (play: a bit a slot; 1 <= need <= their
+// count, total). Stops at the first digit whose bin holds exactly the candidates still wanted.
+// Returns: T (the key's bits from shift sh up), sh, above (in play with key >> sh > T >> sh),
+// eq (in play with key >> sh == T >> sh); eq == need - above unless sh == 0 and keys tie.
+// narrow (0 or 1: a slot of sm.kmin / kmax, unused before; -1: none): first the smallest and the
+// largest key in play, and the passes start at the digit of the highest bit in which they differ
+// (the tie levels: ids and positions share their high bits, so their passes mostly start lower).
+// list (level 1; else null): room for LIST_MAX keys, where the candidates of the first pass's bin go
+// when they fit; the later passes read them there
+__device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, int need, int total, int narrow,
+                                             Smem& sm, u32& T, int& sh, int& above, int& eq, u32* list = nullptr) {
+  const int lane = threadIdx.x & 31;
+  u32 prefix = 0;
+  above = 0;
+  eq = 0;
+  sh = 0;
+  int s0 = 24;
+  if (narrow >= 0) {
+    u32 mn = 0xFFFFFFFFu, mx = 0;
+#pragma unroll
+    for (int t = 0; t < ITEMS; ++t) {
+      if ((play >> t) & 1u) {
+        mn = min(mn, key[t]);
+        mx = max(mx, key[t]);
+      }
+    }
+    mn = __reduce_min_sync(FULL, mn);
+    mx = __reduce_max_sync(FULL, mx);
+    if (lane == 0) {
+      atomicMin(&sm.kmin[narrow], mn);
+      atomicMax(&sm.kmax[narrow], mx);
+    }
+    __syncthreads();
+    mn = sm.kmin[narrow];
+    mx = sm.kmax[narrow];
+    if (mn == mx) {  // every key in play equal
+      T = mn;
+      eq = total;
+      return;
+    }
+    s0 = ((31 - __clz(mn ^ mx)) >> 3) << 3;
+    prefix = (u32)(((u64)mn >> (s0 + 8)) << (s0 + 8));  // the bits all share, above the first digit
+  }
+  for (int s = s0; s >= 0; s -= 8) {
+    for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
+    if (threadIdx.x == 0) {
+      sm.pmin = 0xFFFFFFFFu;
+      sm.pmax = 0;
+    }
+    __syncthreads();
+    // the 1024-thread tile: also the smallest and the largest key in play (all equal: a tie at the
+    // cutoff, and no pass after this one). H200 (session 23, bench/block_ab.py): there mass ties took
+    // 0.90-0.94x the time and random scores 1.02-1.04x; the 256 and 512 tiles took 0.98-1.05x
+    const bool span = THREADS == 1024;
+    u32 mn = 0xFFFFFFFFu, mx = 0;
+#pragma unroll
+    for (int t = 0; t < ITEMS; ++t) {
+      bool in = ((play >> t) & 1u) && (((u64)key[t] >> (s + 8)) == ((u64)prefix >> (s + 8)));
+      int b = in ? (int)((key[t] >> s) & 255u) : 256;
+      if (in) {
+        atomicAdd(&sm.hist[b], 1);
+        if (span) {
+          mn = min(mn, key[t]);
+          mx = max(mx, key[t]);
+        }
+      }
+    }
+    if (span) {
+      mn = __reduce_min_sync(FULL, mn);
+      mx = __reduce_max_sync(FULL, mx);
+      if (lane == 0 && mn <= mx) {
+        atomicMin(&sm.pmin, mn);
+        atomicMax(&sm.pmax, mx);
+      }
+    }
+    __syncthreads();
+    if (span) {
+      mn = sm.pmin;  // (read before the barrier below: the next pass resets them after it)
+      mx = sm.pmax;
+    }
+    if (threadIdx.x < 32) find_bin(sm, need - above);
+    __syncthreads();
+    prefix |= (u32)sm.bin << s;
+    above += sm.above;
+    eq = sm.eq;
+    sh = s;
+    if (eq == need - above) break;  // the whole bin is wanted
+    if (span && mn == mx) {  // every key in play equal (a tie at the cutoff): its bin is that key
+      prefix = mn;
+      sh = 0;
+      break;
+    }
+    if (list != nullptr && s > 0 && eq <= LIST_MAX) {  // the bin's keys to the list; the passes after read it
+      int c = 0;
+#pragma unroll
+      for (int t = 0; t < ITEMS; ++t) c += ((play >> t) & 1u) && (key[t] >> s) == (prefix >> s);
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(FULL, incl, o);
+        if (lane >= o) incl += y;
+      }
+      int at = 0;
+      if (lane == 31 && incl) at = atomicAdd(&sm.lcount, incl);
+      at = __shfl_sync(FULL, at, 31) + incl - c;
+#pragma unroll
+      for (int t = 0; t < ITEMS; ++t)
+        if (((play >> t) & 1u) && (key[t] >> s) == (prefix >> s)) list[at++] = key[t];
+      const int n = eq;  // (the list's length: the bin's count)
+      for (s -= 8; s >= 0; s -= 8) {
+        for (int i = threadIdx.x; i < 256; i += THREADS) sm.hist[i] = 0;
+        __syncthreads();  // (and the list written)
+        for (int i = threadIdx.x; i < n; i += THREADS) {
+          const u32 k = list[i];
+          if (((u64)k >> (s + 8)) == ((u64)prefix >> (s + 8))) atomicAdd(&sm.hist[(k >> s) & 255u], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) find_bin(sm, need - above);
+        __syncthreads();
+        prefix |= (u32)sm.bin << s;
+        above += sm.above;
+        eq = sm.eq;
+        sh = s;
+        if (eq == need - above) break;
+      }
+      break;
+    }
+  }
+  T = prefix;
+"""),
+]
+
 # (session 30: scan and the sampled keep with a counted sample and a keep by warps, sampled_fast, are
 # shipped; their variants, and those built on them or that no longer apply (sampled, sampled_count,
 # sampled_rows, sampled_rows_tight, smem_keys: each measured slower, docs/benchmarks_select_kernel.md),
@@ -679,7 +857,7 @@ _FUSED_FIRST = [
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "inplace_levels": _INPLACE_LEVELS, "hist2": _HIST2,
-            "fused_first": _FUSED_FIRST}
+            "fused_first": _FUSED_FIRST, "list_passes": _LIST_PASSES}
 
 
 def _edit(text: str, edit, what: str) -> str:
