@@ -526,6 +526,105 @@ def row_blocks(q: int, threads: int, dev) -> int:
 # 1024 x 8192 block spends 5,600 of 34,800 cycles loading its row)
 _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024)", 1)]
 
+# the prefetch of the 1024 tile's next row by the TMA engine (session 33): as prefetch, a block an SM for
+# several rows, but the next row's scores come in one bulk copy (cp.async.bulk, issued by one thread,
+# completing on an mbarrier) as soon as every thread holds this row's slots, and its ids are only
+# hinted to the L2 (cp.async.bulk.prefetch.L2: one instruction), so the row buffer is 64 KB, not 128:
+# 146 KB of shared memory a block, against prefetch's 210 KB (whose 32 copies a thread and small L1
+# were the suspects of its 13-24 % loss, session 28). Rows not 16-byte aligned load as shipped
+_TMA_NEXT = [
+    ("#define KEY_NEGINF 0x007FFFFFu", "#define KEY_NEGINF 0x007FFFFFu", r"""#if PREFETCH
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+__device__ __forceinline__ void bar_init(u64* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, completing on bar
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (the generic reads of dst before the barrier)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void l2_prefetch(const void* src, u32 bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
+  u32 done = 0;
+  while (!done) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  }
+}
+#else  // the CPU runner: bar counts the copies landed; a copy lands at its issue (issued before every reader
+// of the old bytes passed a barrier, it overwrites them); a wait gives way until its phase completed
+inline void bar_init(u64* bar) { *bar = 0; }
+inline void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+  std::memcpy(dst, src, bytes);
+  ++*bar;
+}
+inline void l2_prefetch(const void*, u32) {}
+inline void bar_wait(u64* bar, u32 parity) {
+  while ((*bar & 1u) == parity) cuda_on_cpu::yield();
+}
+#endif
+#endif
+
+#define KEY_NEGINF 0x007FFFFFu  // order_key of -inf (the pad's score)
+"""),
+    ("  u32 pmin, pmax, ulo;", "  u32 pmin, pmax, ulo;",
+     "  u32 pmin, pmax, ulo;  // ulo: the smallest score key among the winners (taken as they are written)\n"
+     "  u64 rbar;  // (tma_next: the row buffer's mbarrier)\n"),
+    Sub(r"(  const int lane = tid & 31;\n)  const i64 row = blockIdx.x;\n", r"""\1#if PREFETCH  // the row's scores after the ordering's dynamic memory, a bulk copy a row
+#define ROWBUF reinterpret_cast<int*>(reinterpret_cast<char*>(dyn) + ROWBUF_AT)
+  // rows blockIdx.x, + gridDim.x, ...: the next one's copy while this one is selected. The rows: the
+  // row kind's s_op (a stride of out_pos, which it does not write)
+  const int nrows = s_op;
+  const bool bulk = ((reinterpret_cast<u64>(scores) & 15) | (u64)(s_sq & 3) | (u64)(N & 3)) == 0 && N > 0;
+  if (tid == 0) bar_init(&sm.rbar);
+  __syncthreads();
+  if (tid == 0 && bulk)
+    bulk_copy(ROWBUF, reinterpret_cast<const int*>(scores) + (i64)blockIdx.x * s_sq, 4u * (u32)N, &sm.rbar);
+  u32 phase = 0;
+  for (i64 row = blockIdx.x; row < nrows; row += gridDim.x, phase ^= 1u) {
+#else
+  {
+  const i64 row = blockIdx.x;
+#endif
+""", 1),
+    _PREFETCH[2],
+    ("  u32 u[ITEMS];", "  u32 u[ITEMS];", """\
+#if PREFETCH
+  if (bulk) bar_wait(&sm.rbar, phase);  // this row's scores landed
+#endif
+  u32 u[ITEMS];
+"""),
+    ("    int b = p < N ? __ldg(srow + p) : 0;", "    int b = p < N ? __ldg(srow + p) : 0;", """\
+#if PREFETCH
+    int b = p < N ? (bulk ? ROWBUF[p] : __ldg(srow + p)) : 0;
+#else
+    int b = p < N ? __ldg(srow + p) : 0;
+#endif
+"""),
+    ("  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;", "  __syncthreads();", """\
+  for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;
+  __syncthreads();
+#if PREFETCH  // every thread holds its slots: the next row's scores to the buffer, its ids toward the L2
+  if (tid == 0 && row + gridDim.x < nrows) {
+    const i64 nxt = row + gridDim.x;
+    if (bulk) bulk_copy(ROWBUF, reinterpret_cast<const int*>(scores) + nxt * s_sq, 4u * (u32)N, &sm.rbar);
+    if (((reinterpret_cast<u64>(ids + nxt * s_iq) & 15) | (u64)(N & 3)) == 0 && N > 0) l2_prefetch(ids + nxt * s_iq, 4u * (u32)N);
+  }
+#endif
+"""),
+    _PREFETCH[7],
+] + _PREFETCH[8:] + [Sub(r"return DYN_BYTES \+ \(8 \* threads \* ITEMS", "return DYN_BYTES + (4 * threads * ITEMS", 1)]
+
 # the tie levels' keys (the inverted id, then the inverted position) in place of the score key in u for
 # the slots in play (whose score key is T1, put back after them), the ids kept in registers: the
 # arrays v and w (ITEMS registers each, live with u and id through the id level) go. Session 32's
@@ -857,7 +956,7 @@ __device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, 
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "inplace_levels": _INPLACE_LEVELS, "hist2": _HIST2,
-            "fused_first": _FUSED_FIRST, "list_passes": _LIST_PASSES}
+            "fused_first": _FUSED_FIRST, "list_passes": _LIST_PASSES, "tma_next": _TMA_NEXT}
 
 
 def _edit(text: str, edit, what: str) -> str:
