@@ -625,6 +625,62 @@ inline void bar_wait(u64* bar, u32 parity) {
     _PREFETCH[7],
 ] + _PREFETCH[8:] + [Sub(r"return DYN_BYTES \+ \(8 \* threads \* ITEMS", "return DYN_BYTES + (4 * threads * ITEMS", 1)]
 
+# tma_next with the row's selection in a called function (session 33): tma_next's loop raised the 1024 tile's
+# spills from 84 / 128 to 216 / 376 bytes (nvcc), and took 1.22-1.30x the shipped kernel's time on an H100
+# even at 64 rows (a row a block); a __noinline__ call a row keeps the loop's state out of the
+# selection's registers
+_TMA_CALL = _TMA_NEXT[:2] + [
+    ('extern "C" __global__ void __launch_bounds__(THREADS, MINB)', "  const i64 row = blockIdx.x;", r"""#if PREFETCH  // a row's selection, called for each of the block's rows (tpflare_select_rows below)
+#define ROWBUF reinterpret_cast<int*>(reinterpret_cast<char*>(dyn) + ROWBUF_AT)
+__device__ __noinline__ void
+select_row(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,
+                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, int N, int K,
+                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
+                    const int* __restrict__ stat,
+           Smem& sm, u64* dyn, const i64 row, const bool bulk, const u32 phase) {
+  const int nrows = s_op;
+#else
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,
+                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, int N, int K,
+                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
+                    const int* __restrict__ stat) {
+  __shared__ Smem sm;
+  extern __shared__ u64 dyn[];
+  const i64 row = blockIdx.x;
+#endif
+  constexpr int mode = MODE;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+"""),
+    _TMA_NEXT[4], _TMA_NEXT[5], _TMA_NEXT[6],
+    Sub(r'(    orow\[r\] = oid;\n    osrow\[r\] = bits;\n  \}\n)\}\n"""', r"""\1}
+#if PREFETCH  // a block an SM, for rows blockIdx.x, + gridDim.x, ... (the row kind's s_op rows): the next one's scores
+// copied while this one is selected
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,
+                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, int N, int K,
+                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
+                    const int* __restrict__ stat) {
+  __shared__ Smem sm;
+  extern __shared__ __align__(16) u64 dyn[];
+  const int nrows = s_op;
+  const bool bulk = ((reinterpret_cast<u64>(scores) & 15) | (u64)(s_sq & 3) | (u64)(N & 3)) == 0 && N > 0;
+  if (threadIdx.x == 0) bar_init(&sm.rbar);
+  __syncthreads();
+  if (threadIdx.x == 0 && bulk)
+    bulk_copy(ROWBUF, reinterpret_cast<const int*>(scores) + (i64)blockIdx.x * s_sq, 4u * (u32)N, &sm.rbar);
+  u32 phase = 0;
+  for (i64 row = blockIdx.x; row < nrows; row += gridDim.x, phase ^= 1u) {
+    select_row(scores, ids, pos_in, out_ids, out_sc, out_pos, N, K, chunk, s_sq, s_iq, s_pq, s_oi, s_os, s_op, stat,
+               sm, dyn, row, bulk, phase);
+    __syncthreads();  // (the next row resets the shared state)
+  }
+}
+#endif
+""" + '"""', 1),
+] + _TMA_NEXT[8:]
+
 # the tie levels' keys (the inverted id, then the inverted position) in place of the score key in u for
 # the slots in play (whose score key is T1, put back after them), the ids kept in registers: the
 # arrays v and w (ITEMS registers each, live with u and id through the id level) go. Session 32's
@@ -956,7 +1012,7 @@ __device__ __forceinline__ void radix_select(const u32 (&key)[ITEMS], u32 play, 
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "inplace_levels": _INPLACE_LEVELS, "hist2": _HIST2,
-            "fused_first": _FUSED_FIRST, "list_passes": _LIST_PASSES, "tma_next": _TMA_NEXT}
+            "fused_first": _FUSED_FIRST, "list_passes": _LIST_PASSES, "tma_next": _TMA_NEXT, "tma_call": _TMA_CALL}
 
 
 def _edit(text: str, edit, what: str) -> str:
