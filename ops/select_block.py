@@ -97,7 +97,7 @@ import time
 import torch
 
 __all__ = ["available", "supports", "tile", "chunking", "sampled", "plan_kernels", "source", "block_select",
-           "compile_tile", "paired", "sm_count", "KINDS", "MAX_N", "PAIRED", "PAIRED_TILES", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
+           "compile_kernels", "compile_tile", "paired", "sm_count", "KINDS", "MAX_N", "PAIRED", "PAIRED_TILES", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
 
 log = logging.getLogger("tpflare.select_block")
 
@@ -817,7 +817,8 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
 '''}
 
 _KERNELS: dict = {}  # (device index, threads, kind) -> compiled function
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # guards _KEY_LOCKS
+_KEY_LOCKS: dict = {}  # (device index, threads, kind) -> the lock its compile holds (kernels compile at once)
 _FAILED: list = []  # a compile that failed here: the reason (the block path then stays off)
 
 
@@ -966,6 +967,8 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
     if kern is not None:
         return kern
     with _LOCK:
+        key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with key_lock:
         kern = _KERNELS.get(key)
         if kern is None:
             t0 = time.perf_counter()
@@ -985,6 +988,24 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
             log.info("tpflare.select_block: compiled the %d-thread %s kernel on cuda:%d in %.2f s", threads, kind,
                      index, time.perf_counter() - t0)
     return kern
+
+
+def compile_kernels(kernels, device: int | None = None) -> None:
+    """Compile the ``(kind, threads)`` kernels of a plan (``plan_kernels``) on a CUDA device, those
+    not compiled yet at once, a thread each (NVRTC runs outside the GIL): a plan's first call on a
+    machine whose CUDA caches are empty took about 0.8 s a kernel one after another (session 33,
+    docs/benchmarks_select_kernel.md). Raises RuntimeError as ``compile_tile``."""
+    index = torch.cuda.current_device() if device is None else int(device)
+    todo = [(kind, int(t)) for kind, t in dict.fromkeys(kernels) if (index, int(t), kind) not in _KERNELS]
+    if len(todo) <= 1:
+        for kind, t in todo:
+            compile_tile(t, index, kind)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="tpflare-nvrtc") as pool:
+        for f in [pool.submit(compile_tile, t, index, kind) for kind, t in todo]:
+            f.result()
 
 
 def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | None = None, keep: bool | None = None,
@@ -1011,6 +1032,8 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
     chunks, chunk, kc = chunking(n, k, chunk)
     keep = sampled(q) if keep is None else bool(keep)
     plan = plan_kernels(n, k, chunk, q, keep=keep, n_sm=n_sm)  # (kind, threads) of each launch
+    if dev.type == "cuda":  # (the CPU runner, tests/block_on_cpu.py, builds its kernels as they launch)
+        compile_kernels(plan, dev.index)
     if chunks == 1:
         kind, t = plan[0]
         compile_tile(t, dev.index, kind)(

@@ -1024,8 +1024,8 @@ def triton_ordered_select(scores: torch.Tensor, ids: torch.Tensor, k: int, *,
             if collecting():  # a parallel compile of plans (precompile): the block kernel compiles now (NVRTC)
                 if q > 0:
                     opts = block_options(q, n, k, n_sm)
-                    for kind, t in select_block.plan_kernels(n, k, opts["chunk"], q, keep=opts["keep"], n_sm=n_sm):
-                        select_block.compile_tile(t, scores.device.index, kind)
+                    select_block.compile_kernels(select_block.plan_kernels(n, k, opts["chunk"], q, keep=opts["keep"],
+                                                                           n_sm=n_sm), scores.device.index)
                 return (torch.empty((q, k), dtype=torch.int32, device=scores.device),
                         torch.empty((q, k), dtype=torch.float32, device=scores.device))
             return select_block.block_select(scores if scores.stride(1) == 1 else scores.contiguous(),

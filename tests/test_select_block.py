@@ -241,3 +241,70 @@ def test_a_failed_compile_turns_the_block_path_off_with_one_warning(monkeypatch,
     assert calls == ["tpflare_select_rows"]
     assert "did not compile (OSError: CUDA_HOME" in caplog.text
     assert not select_block.available()
+
+
+def test_a_plans_kernels_compile_at_once_each_once(monkeypatch):
+    """compile_kernels compiles the kernels of a plan not compiled yet, each once and all at once
+    (a thread each: the fake compile below passes its barrier only when the plan's four distinct
+    kernels compile together), nothing on a second call; two threads asking for one kernel compile
+    it once; a failed compile raises."""
+    import collections
+    import contextlib
+    import threading
+
+    compiled = collections.Counter()
+    together = threading.Barrier(4, timeout=30)
+
+    class Kern:
+        func = None
+
+    def fake_compile(src, name):
+        compiled[src] += 1
+        together.wait()  # (BrokenBarrierError, which the test reports, unless four compile at once)
+        return Kern()
+
+    class Driver:
+        def cuFuncSetAttribute(self, *args):
+            return 0
+
+    monkeypatch.setattr(select_block, "_KERNELS", {})
+    monkeypatch.setattr(select_block, "_KEY_LOCKS", {})
+    monkeypatch.setattr(select_block, "_FAILED", [])
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(select_block, "_driver_library", lambda: Driver)
+    plan = select_block.plan_kernels(131072, 2048, None, 64, keep=True, n_sm=132)
+    kinds = [kind.split(select_block.PAIRED)[0] for kind, _ in plan]
+    assert kinds == ["sample", "keep", "chunks_gated", "merge_gated"], plan
+    select_block.compile_kernels(plan + plan[:1], device=0)  # (a kernel named twice compiles once)
+    assert sorted(select_block._KERNELS) == sorted((0, t, kind) for kind, t in plan)
+    assert sorted(compiled.values()) == [1, 1, 1, 1]
+    select_block.compile_kernels(plan, device=0)  # compiled: nothing to do (the barrier is not met again)
+    assert sum(compiled.values()) == 4
+
+    # one kernel asked for by two threads at once: one compile, the other waits for it
+    two = threading.Barrier(2, timeout=30)
+    monkeypatch.setattr(select_block, "_KERNELS", {})
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", lambda src, name: (compiled.update([src]), Kern())[1])
+    compiled.clear()
+    got = []
+
+    def ask():
+        two.wait()
+        got.append(select_block.compile_tile(512, 0, "row"))
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(got) == 2 and got[0] is got[1] and sum(compiled.values()) == 1
+
+    def fails(src, name):
+        raise OSError("no toolkit")
+
+    monkeypatch.setattr(select_block, "_KERNELS", {})
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", fails)
+    with pytest.raises(RuntimeError, match="compile failed: OSError: no toolkit"):
+        select_block.compile_kernels(plan, device=0)
+    assert not select_block.available()
