@@ -992,20 +992,39 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
 
 def compile_kernels(kernels, device: int | None = None) -> None:
     """Compile the ``(kind, threads)`` kernels of a plan (``plan_kernels``) on a CUDA device, those
-    not compiled yet at once, a thread each (NVRTC runs outside the GIL): a plan's first call on a
-    machine whose CUDA caches are empty took about 0.8 s a kernel one after another (session 33,
-    docs/benchmarks_select_kernel.md). Raises RuntimeError as ``compile_tile``."""
+    not compiled yet at once, a thread each. Most of a kernel's cold compile is the driver's JIT of
+    NVRTC's PTX when the module loads (about 0.7 s for a 1024-thread kind on an H100 whose JIT
+    cache, ~/.nv/ComputeCache, does not hold it yet: session 33, docs/benchmarks_select_kernel.md),
+    and a module loads on the thread's current context: each thread makes the device's primary
+    context current first. Raises RuntimeError as ``compile_tile``."""
     index = torch.cuda.current_device() if device is None else int(device)
     todo = [(kind, int(t)) for kind, t in dict.fromkeys(kernels) if (index, int(t), kind) not in _KERNELS]
     if len(todo) <= 1:
         for kind, t in todo:
             compile_tile(t, index, kind)
         return
+    import ctypes
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="tpflare-nvrtc") as pool:
-        for f in [pool.submit(compile_tile, t, index, kind) for kind, t in todo]:
-            f.result()
+    lib = _driver_library()()
+    release = getattr(lib, "cuDevicePrimaryCtxRelease_v2", None) or lib.cuDevicePrimaryCtxRelease
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    for rc in (lib.cuDeviceGet(ctypes.byref(dev), index), lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)):
+        if rc != 0:
+            raise RuntimeError(f"tpflare.select_block: the primary context of cuda:{index}: CUDA error {rc}")
+
+    def on_context(t: int, kind: str):
+        rc = lib.cuCtxSetCurrent(ctx)
+        if rc != 0:
+            raise RuntimeError(f"tpflare.select_block: cuCtxSetCurrent: CUDA error {rc}")
+        return compile_tile(t, index, kind)
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="tpflare-nvrtc") as pool:
+            for f in [pool.submit(on_context, t, kind) for kind, t in todo]:
+                f.result()
+    finally:
+        release(dev)
 
 
 def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | None = None, keep: bool | None = None,

@@ -263,8 +263,28 @@ def test_a_plans_kernels_compile_at_once_each_once(monkeypatch):
         together.wait()  # (BrokenBarrierError, which the test reports, unless four compile at once)
         return Kern()
 
+    current = []  # the contexts the compiling threads made current
+
     class Driver:
+        retained = released = 0
+
         def cuFuncSetAttribute(self, *args):
+            return 0
+
+        def cuDeviceGet(self, dev, ordinal):
+            return 0
+
+        def cuDevicePrimaryCtxRetain(self, ctx, dev):
+            Driver.retained += 1
+            ctx._obj.value = 1234
+            return 0
+
+        def cuDevicePrimaryCtxRelease_v2(self, dev):
+            Driver.released += 1
+            return 0
+
+        def cuCtxSetCurrent(self, ctx):
+            current.append(ctx.value)
             return 0
 
     monkeypatch.setattr(select_block, "_KERNELS", {})
@@ -279,6 +299,7 @@ def test_a_plans_kernels_compile_at_once_each_once(monkeypatch):
     select_block.compile_kernels(plan + plan[:1], device=0)  # (a kernel named twice compiles once)
     assert sorted(select_block._KERNELS) == sorted((0, t, kind) for kind, t in plan)
     assert sorted(compiled.values()) == [1, 1, 1, 1]
+    assert current == [1234] * 4 and Driver.retained == Driver.released == 1  # (each thread on the primary context)
     select_block.compile_kernels(plan, device=0)  # compiled: nothing to do (the barrier is not met again)
     assert sum(compiled.values()) == 4
 
