@@ -25,10 +25,11 @@ rotate over three sets so that small shapes do not time a warm L2 only. ``exact`
 ids and score bits equal the torch path's. Bandwidth: the bytes the op must move (scores and
 ids read once, ids and scores written once) over the graph time.
 
-Cold compile (--cold): for each shape (--cold-shapes) a fresh process with an empty TRITON_CACHE_DIR and the
-CUDA driver's JIT cache off (CUDA_CACHE_DISABLE=1: the block path's NVRTC kernels are PTX that the driver
-compiles as they load and keeps in ~/.nv/ComputeCache; up to session 32 that cache, warm from earlier
-processes, hid about 0.7 s a kernel) times its first call (compile included) minus a steady call; again in --cold-repeats processes that first ran a tiny
+Cold compile (--cold): for each shape (--cold-shapes) a fresh process with an empty TRITON_CACHE_DIR and an
+empty CUDA driver JIT cache (CUDA_CACHE_PATH in the same folder: the block path's NVRTC kernels are PTX that
+the driver compiles as they load and keeps, by default in ~/.nv/ComputeCache; up to session 32 that cache,
+warm from earlier processes, hid about 0.7 s a kernel) times its first call (compile included) minus a
+steady call; again in --cold-repeats processes that first ran a tiny
 Triton kernel of their own (as one that compiled a model with Inductor has: Triton's driver module
 built, its cost not the selection's; the median, since one process's seconds vary by up to 40 %);
 then one process times ``precompile`` of a server's capacities (--capacities; empty: not) from an
@@ -371,12 +372,12 @@ print(json.dumps(dict(capacities=caps, n=n, k=k, precompile_s=total, per_shape_s
 """
 
 
-def _run(code: str, argv: list[str], cache_dir: str, jit_cache: bool = False) -> dict:
-    # jit_cache False: the CUDA driver's JIT cache off too (the block path's NVRTC kernels are PTX that the
-    # driver compiles as they load, and keeps in ~/.nv/ComputeCache for later processes; session 33)
-    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir)
-    if not jit_cache:
-        env["CUDA_CACHE_DISABLE"] = "1"
+def _run(code: str, argv: list[str], cache_dir: str) -> dict:
+    # cache_dir holds Triton's cache and the CUDA driver's JIT cache (the block path's NVRTC kernels are PTX
+    # that the driver compiles as they load, and keeps for later processes; session 33): a new folder,
+    # both empty; the folder of an earlier process, both as it left them
+    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, CUDA_CACHE_PATH=os.path.join(cache_dir, "cuda_jit"))
+    env.pop("CUDA_CACHE_DISABLE", None)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:  # a file: triton.jit reads its source
         f.write(code)
     try:
@@ -394,9 +395,9 @@ def _fresh_run(code: str, argv: list[str]) -> dict:
 
 
 def cold(args, save=None) -> dict:
-    """Per shape: a process with an empty Triton cache (and no CUDA JIT cache), then a second process
-    on the cache the first one filled, the JIT cache on (a server restart: kernels loaded from disk,
-    nothing compiled), then
+    """Per shape: a process with an empty Triton cache and CUDA JIT cache, then a second process
+    on the caches the first one filled (a server restart: kernels loaded from disk, nothing
+    compiled), then
     ``--cold-repeats`` processes, each with an empty cache, that ran a Triton kernel of their own
     first (``after_triton_cold_compile_s``: their median; ``_all``: each). The compile seconds of
     one process vary by up to 40 % on the H200 host, so take several. ``save(result)`` after
@@ -408,7 +409,7 @@ def cold(args, save=None) -> dict:
     for q, n in shapes:
         with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:
             r = _run(_COLD, [str(q), str(n), str(args.k), "0", mode], d)
-            warm = _run(_COLD, [str(q), str(n), str(args.k), "0", mode], d, jit_cache=True)
+            warm = _run(_COLD, [str(q), str(n), str(args.k), "0", mode], d)
         after = []
         for _ in range(max(1, args.cold_repeats)):
             with tempfile.TemporaryDirectory(prefix="triton_cold_") as d:  # Triton's driver built by another kernel

@@ -388,8 +388,8 @@ def _spread_select(scores, ids, k, out_ids, out_sc):
 
 def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
 '''),
-    Sub(r"(    plan = plan_kernels\(n, k, chunk, q, [^\n]*\n)(    if chunks == 1:\n)",
-        r"\1    if chunks == 1 and q <= SPREAD_ROWS:\n        return _spread_select(scores, ids, k, out_ids, out_sc)\n\2", 1),
+    Sub(r"(    plan = plan_kernels\(n, k, chunk, q, [^\n]*\n)",  # (before the plan's kernels compile)
+        r"\1    if chunks == 1 and q <= SPREAD_ROWS:\n        return _spread_select(scores, ids, k, out_ids, out_sc)\n", 1),
 ]
 
 # rows of one block, the 1024 tile (PREFETCH_TILES): a block an SM for several rows, each row's
@@ -511,7 +511,7 @@ def row_blocks(q: int, threads: int, dev) -> int:
     Sub(r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n(\s+)DYN_BYTES\)",
         r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n\1dyn_bytes(threads, kind))", 1),
     Sub(r"\(dynamic shared memory \{DYN_BYTES\} B\)", "(dynamic shared memory {dyn_bytes(threads, kind)} B)", 1),
-    Sub(r"(CUDA error \{rc\}\"\)\n)", r"""\1                if dyn_bytes(threads, kind) >= 48 * 1024:  # (torch's launcher refuses it unconfigured)
+    Sub(r"( B\): CUDA error \{rc\}\"\)\n)", r"""\1                if dyn_bytes(threads, kind) >= 48 * 1024:  # (torch's launcher refuses it unconfigured)
                     with torch.cuda.device(index):
                         kern.set_shared_memory_config(dyn_bytes(threads, kind))
 """, 1),
