@@ -7,6 +7,7 @@ replay) so the stamps' own cost shows. Each cell is checked against the GPU test
 
     python3 bench/block_phases.py --out phases.json [--cells 16384x64,16384x1024] [--patterns random,ties,short]
                                   [--module variant.py]   (a variant of bench/block_variants.py)
+                                  [--kind filter]   (the filter kind, rows of 8193-16384, at every row count)
 
 Per cell it prints each phase's median cycles over the blocks, the median block duration (ns) and
 how many blocks shared an SM at once (the most blocks whose [start, end] overlap on one SM), and
@@ -51,6 +52,14 @@ STAMPS = [
     ("ord:rank", "  __syncthreads();  // (the member list's space takes the output order)", "before"),
     ("ordered", "  int* orow = out_ids + row * s_oi;\n  int* osrow", "before"),
 ]
+# the filter kind's (--kind filter: select_block.FILTER_KERNEL; session 34), the ordering's as the row kind's
+FILTER_STAMPS = [
+    ("load+count", "  const int nsel = min(K, nvalid);\n", "after"),
+    ("level1", "    int rem = nsel - ab;\n", "before"),
+    ("winners1", "    if (eq > rem) {  // a tie at the exact score key T1", "before"),
+    ("levels2-3", "  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;  // (the ordering", "before"),
+] + STAMPS[4:-1] + [("ordered", "  int* out_row = out_ids + row * s_oi;", "before")]
+KIND = "row"  # the kind profiled (--kind)
 NS = len(STAMPS) + 1  # stamp 0: the block's start
 END = r"""
   __syncthreads();
@@ -76,7 +85,7 @@ END = r"""
 def stamped_source(tile) -> str:
     """The row kernel's source for a tile (threads, or (threads, items) where the module's tiles are
     pairs) with the stamps in."""
-    src = sb.source(tile, "row")
+    src = sb.source(tile, KIND)
     head = (f"#define NSTAMP {NS}\n__shared__ long long _ts[NSTAMP];\n"
             "#define STAMP(i) do { if (threadIdx.x == 0) _ts[i] = clock64(); } while (0)\n")
     start = "  const int lane = tid & 31;\n  const i64 row = blockIdx.x;\n"
@@ -118,10 +127,16 @@ def func_attrs(kern) -> dict:
     return out
 
 
+def dyn() -> int:
+    return sb.dyn_bytes(KIND) if hasattr(sb, "dyn_bytes") else sb.DYN_BYTES
+
+
 def compile_src(src: str):
     kern = torch.cuda._compile_kernel(src, "tpflare_select_rows")
-    rc = sb._driver_library()().cuFuncSetAttribute(kern.func, 8, sb.DYN_BYTES)
+    rc = sb._driver_library()().cuFuncSetAttribute(kern.func, 8, dyn())
     assert rc == 0, rc
+    if dyn() >= 48 * 1024:
+        kern.set_shared_memory_config(dyn())
     return kern
 
 
@@ -130,7 +145,7 @@ def run_stamped(kern, t, s, i, k):
     out_ids = torch.empty((q, k), dtype=torch.int32, device=s.device)
     out_sc = torch.empty((q, k), dtype=torch.float32, device=s.device)
     st = torch.zeros((q, 32), dtype=torch.int32, device=s.device)
-    kern(grid=(q, 1, 1), block=(threads(t), 1, 1), shared_mem=sb.DYN_BYTES,
+    kern(grid=(q, 1, 1), block=(threads(t), 1, 1), shared_mem=dyn(),
          args=[s, i, i, out_ids, out_sc, st, n, k, n, s.stride(0), i.stride(0), 0, out_ids.stride(0), out_sc.stride(0), 32,
                out_ids])  # (the last: the gated kinds' status, which the row kind does not read)
     return out_ids, out_sc, st
@@ -161,10 +176,14 @@ def main(argv=None) -> int:
                     "instead of the shipped one")
     ap.add_argument("--tiles", default="", help="more tiles to run each cell on where they hold it (1024, or 1024x16 where "
                     "the module's tiles are pairs), beside the one block_select runs")
+    ap.add_argument("--kind", default="row", choices=("row", "filter"),
+                    help="the kind profiled: row (a tile's own), or filter (rows of 8193-16384 on 512 threads)")
     a = ap.parse_args(argv)
+    global sb, STAMPS, NS, KIND
     if a.module:
-        global sb
         sb = load_module(a.module)
+    if a.kind == "filter":
+        STAMPS, NS, KIND = FILTER_STAMPS, len(FILTER_STAMPS) + 1, "filter"
     pairs = not isinstance(sb.TILES[0], int)
     extra = [tuple(int(x) for x in t.split("x")) if pairs else int(t) for t in a.tiles.split(",") if t]
     rec: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, module=a.module or "ops/select_block.py",
@@ -173,12 +192,14 @@ def main(argv=None) -> int:
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
 
     def module_tile(n: int, q: int):  # the tile block_select runs for the cell (where tiles are pairs, by rows and SMs)
+        if KIND == "filter":
+            return sb.FILTER_THREADS
         return sb.plan_kernels(n, a.k, None, q, n_sm)[0][1] if pairs else sb.tile(n)
 
     kerns = {}
-    for t in dict.fromkeys(list(sb.TILES) + extra):
+    for t in dict.fromkeys([sb.FILTER_THREADS] if KIND == "filter" else list(sb.TILES) + extra):
         kerns[t] = compile_src(stamped_source(t))
-        rec["attrs"][tile_name(t)] = dict(shipped=func_attrs(sb.compile_tile(t)), stamped=func_attrs(kerns[t]))
+        rec["attrs"][tile_name(t)] = dict(shipped=func_attrs(sb.compile_tile(t, kind=KIND)), stamped=func_attrs(kerns[t]))
         print(f"tile {tile_name(t)}: {rec['attrs'][tile_name(t)]}", flush=True)
     for cell in a.cells.split(","):
         n, q = (int(x) for x in cell.split("x"))
@@ -186,7 +207,9 @@ def main(argv=None) -> int:
         for t, pat in [(t, p) for t in tiles for p in a.patterns.split(",")]:
             sets = [make_inputs(q, n, pat, seed) for seed in (1, 2)]
             ref = [fuzz_select.ref_packed(s, i, a.k) for s, i in sets]
-            shipped = time_graph(lambda s, i: sb.block_select(s, i, a.k), sets, 20, 10) if t == module_tile(n, q) else float("nan")
+            force = dict(n_sm=0) if KIND == "filter" else {}  # (the filter at every row count)
+            shipped = (time_graph(lambda s, i: sb.block_select(s, i, a.k, **force), sets, 20, 10) if t == module_tile(n, q)
+                       else float("nan"))
             stamped = time_graph(lambda s, i: run_stamped(kerns[t], t, s, i, a.k), sets, 20, 10)
             exact = True
             rows = []

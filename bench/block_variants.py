@@ -493,14 +493,14 @@ PREFETCH_TILES = (1024,)  # tiles whose row kind runs a block an SM for several 
 PREFETCH_BLOCKS = None  # their blocks: None, the device's SMs (3 on the CPU runner, so that a block takes rows)
 
 
-def dyn_bytes(threads: int, kind: str) -> int:
-    # the ordering's dynamic shared memory, and a prefetching row kind's row (scores and ids) after it
-    return DYN_BYTES + (8 * threads * ITEMS if kind == "row" and threads in PREFETCH_TILES else 0)
+def row_dyn_bytes(threads: int, kind: str) -> int:
+    # a kind's dynamic shared memory, and a prefetching row kind's row (scores and ids) after the ordering's
+    return dyn_bytes(kind) + (8 * threads * ITEMS if kind == "row" and threads in PREFETCH_TILES else 0)
 
 
-def row_blocks(q: int, threads: int, dev) -> int:
+def row_blocks(q: int, threads: int, dev, kind: str = "row") -> int:
     # the row kind's blocks: a row each, or a prefetching tile's one an SM (its shared memory holds one)
-    if threads not in PREFETCH_TILES:
+    if threads not in PREFETCH_TILES or kind != "row":
         return q
     sms = PREFETCH_BLOCKS or (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 3)
     return min(q, sms)
@@ -508,17 +508,13 @@ def row_blocks(q: int, threads: int, dev) -> int:
     Sub(r'(\n *)(f"#define POS_IN \{_POS_IN\})',
         r"""\1f"#define PREFETCH {int(kind == 'row' and int(threads) in PREFETCH_TILES)}\\n#define ROWBUF_AT {DYN_BYTES}\\n"\1\2""",
         1),
-    Sub(r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n(\s+)DYN_BYTES\)",
-        r"_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,\n\1dyn_bytes(threads, kind))", 1),
-    Sub(r"\(dynamic shared memory \{DYN_BYTES\} B\)", "(dynamic shared memory {dyn_bytes(threads, kind)} B)", 1),
-    Sub(r"( B\): CUDA error \{rc\}\"\)\n)", r"""\1                if dyn_bytes(threads, kind) >= 48 * 1024:  # (torch's launcher refuses it unconfigured)
-                    with torch.cuda.device(index):
-                        kern.set_shared_memory_config(dyn_bytes(threads, kind))
-""", 1),
-    Sub(r"grid=\(q, 1, 1\), block=\(t, 1, 1\), shared_mem=DYN_BYTES,",
-        'grid=(row_blocks(q, t, dev), 1, 1), block=(t, 1, 1), shared_mem=dyn_bytes(t, "row"),', 1),
-    Sub(r'(shared_mem=dyn_bytes\(t, "row"\),\n\s+args=\[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, '
+    Sub(r"dyn_bytes\(kind\)(\)|\}| >= 48)", r"row_dyn_bytes(threads, kind)\1", 4),  # (compile_tile's)
+    Sub(r"grid=\(q, 1, 1\), block=\(t, 1, 1\), shared_mem=dyn_bytes\(kind\),",
+        "grid=(row_blocks(q, t, dev, kind), 1, 1), block=(t, 1, 1), shared_mem=row_dyn_bytes(t, kind),", 1),
+    Sub(r'(shared_mem=row_dyn_bytes\(t, kind\),\n\s+args=\[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, '
         r'scores\.stride\(0\), ids\.stride\(0\), 0,\n\s+out_ids\.stride\(0\), out_sc\.stride\(0\), )0', r"\1q", 1),
+    # (the row kind at every row count: the filter kind, session 34, would take the 1024 tile's rows beyond one wave)
+    Sub(r"(FILTER_THREADS, FILTER_DYN, FILTER_OVER_SMS = 512, 4 \* TILE_N, )1\b", r"\g<1>1 << 30", 1),
 ]
 
 # prefetch for rows of 4097-8192 too (the 512 tile: 146 KB of shared memory a block, one block an SM

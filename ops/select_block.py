@@ -46,6 +46,17 @@ The kernel, one block of ``tile(n)`` threads a row (kind ``row``):
   one, ``key_bits``); a NaN's bits read again from the row at its position, so NaN payloads
   survive.
 
+Kind ``filter`` (session 34): the 1024 tile's rows (8193-16384 candidates) where a launch has more
+rows than ``FILTER_OVER_SMS`` x the device's SMs. A block of 512 threads a row, two blocks an SM: the
+row's score keys go to dynamic shared memory (64 KB, ``FILTER_DYN``), not registers, their first
+11-bit digit counted as they load (16-byte loads where the rows allow). Radix select over them by
+digits of 11, 11 and 10 bits; each level's winners go to shared memory as soon as they are known
+(level 1 reads a winner's id again), and where the exact k-th key ties, the tied keys are rewritten
+in place as the next level's (inverted id, then inverted position). The ordering and the output are
+the row kind's. H100, graph replay, k = 2048: 0.79-0.90x the row kind's time on random scores and
+mass ties at 256-4096 rows of 8200-16384, 0.99-1.01x on a short context; at 64 rows (one wave) 1.27x,
+so it stays off there.
+
 A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
 * kind ``chunks``, a block a chunk (grid rows x chunks): the same selection on the chunk, and its
   first ``kc = min(k, chunk)`` winners, in no order, with their positions in the row, to a
@@ -120,7 +131,7 @@ __device__ __forceinline__ u32 order_key(int bits, int id) {
 }
 """
 
-SOURCE = r"""
+SOURCE_HEAD = r"""
 // THREADS, ITEMS, KMAX, and MODE of the bits POS_IN and UNORDERED: defined before this text (source(threads, kind))
 #if !defined(MODE) || !defined(POS_IN) || !defined(UNORDERED)
 #error "source(threads, kind) defines MODE, POS_IN and UNORDERED"
@@ -451,6 +462,37 @@ __device__ void order_winners(Smem& sm, u64* dyn, int nsel, const int* __restric
   __syncthreads();
 }
 
+// a block's shared counters and extremes at their starting values (one thread, before a barrier)
+__device__ __forceinline__ void reset_shared(Smem& sm) {
+  sm.nvalid = 0;
+  sm.ninf = 0;
+  sm.nnan = 0;
+  sm.wcount = 0;
+  sm.ulo = 0xFFFFFFFFu;
+  sm.big = 0;
+  for (int p = 0; p < 3; ++p) {
+    sm.ph[p] = 0;
+    sm.pl[p] = ~0ull;
+    sm.pc[p] = 0;
+  }
+  sm.kmin[0] = sm.kmin[1] = 0xFFFFFFFFu;
+  sm.kmax[0] = sm.kmax[1] = 0;
+}
+
+// the block's valid, -inf and NaN candidates (nv, ninf, nnan: this thread's) added to sm.nvalid, sm.ninf
+// and sm.nnan (0 before); then a barrier
+__device__ __forceinline__ void add_counts(int nv, int ninf, int nnan, Smem& sm) {
+  nv = __reduce_add_sync(FULL, nv);
+  ninf = __reduce_add_sync(FULL, ninf);
+  nnan = __reduce_add_sync(FULL, nnan);
+  if ((threadIdx.x & 31) == 0 && nv) {
+    atomicAdd(&sm.nvalid, nv);
+    if (ninf) atomicAdd(&sm.ninf, ninf);
+    if (nnan) atomicAdd(&sm.nnan, nnan);
+  }
+  __syncthreads();
+}
+
 #define KEY_NEGINF 0x007FFFFFu  // order_key of -inf (the pad's score)
 #define KEY_NAN 1u
 // a score's bits from its order key (order_key's inverse; not for KEY_NAN, whose payloads differ, nor 0):
@@ -460,6 +502,9 @@ __device__ __forceinline__ int key_bits(u32 key) {
   return s >= 0 ? s : (s ^ 0x7FFFFFFF);
 }
 
+"""
+
+ROW_KERNEL = r"""
 // MODE (defined before this text, like POS_IN and UNORDERED; 0: a block a row, ordered output, positions the
 // candidates' indices): UNORDERED: block (x, y) selects in row x's candidates [y * chunk, min(N, (y + 1) * chunk))
 // and writes its first min(K, its valid) winners in no order to slots [y * K, y * K + K) of the output
@@ -508,32 +553,10 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
       nnan += u[t] == KEY_NAN;
     }
   }
-  if (tid == 0) {
-    sm.nvalid = 0;
-    sm.ninf = 0;
-    sm.nnan = 0;
-    sm.wcount = 0;
-    sm.ulo = 0xFFFFFFFFu;
-    sm.big = 0;
-    for (int p = 0; p < 3; ++p) {
-      sm.ph[p] = 0;
-      sm.pl[p] = ~0ull;
-      sm.pc[p] = 0;
-    }
-    sm.kmin[0] = sm.kmin[1] = 0xFFFFFFFFu;
-    sm.kmax[0] = sm.kmax[1] = 0;
-  }
+  if (tid == 0) reset_shared(sm);
   for (int i = tid; i < NB; i += THREADS) sm.off[i] = 0;
   __syncthreads();
-  nv = __reduce_add_sync(FULL, nv);
-  ninf = __reduce_add_sync(FULL, ninf);
-  nnan = __reduce_add_sync(FULL, nnan);
-  if (lane == 0 && nv) {
-    atomicAdd(&sm.nvalid, nv);
-    if (ninf) atomicAdd(&sm.ninf, ninf);
-    if (nnan) atomicAdd(&sm.nnan, nnan);
-  }
-  __syncthreads();
+  add_counts(nv, ninf, nnan, sm);
   const int nvalid = sm.nvalid;
   const int nsel = min(K, nvalid);
 
@@ -659,6 +682,265 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
     }
     orow[r] = oid;
     osrow[r] = bits;
+  }
+}
+"""
+
+SOURCE = SOURCE_HEAD + ROW_KERNEL
+
+FILTER_KERNEL = r"""
+// Kind filter: a row of up to FI x THREADS candidates (16384) on THREADS = 512 threads, two blocks an SM.
+// The row's level keys stay in dynamic shared memory (lk: candidate 4 (c THREADS + tid) + j is thread tid's
+// group c, entry j), not in registers, so a block holds half an SM's registers and two rows overlap. A level
+// key of 0 is out of play. Level 1: the score key (order_key; 0 an invalid candidate), its first digit counted
+// as the row loads; where the exact k-th key ties, level 2 (0x80000000 | inverted id) among the tied, then
+// level 3 (0x80000000 | inverted position). Each level's winners go to sm.wkey / sm.wpos as they are known;
+// the ordering (order_winners) and the output are the row kind's.
+#define FI 32
+#define FV (FI / 4)
+static_assert(THREADS == 512 && FI * THREADS == 16384, "the filter kind: 512 threads of 32 candidates");
+
+// the exclusive sum over the block of v, and the block's total (sm.wtot: free again on return)
+__device__ __forceinline__ int fscan(int v, Smem& sm, int& total) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) sm.wtot[warp] = incl;
+  __syncthreads();
+  if (tid < 32) {
+    const int w = tid < THREADS / 32 ? sm.wtot[tid] : 0;
+    int wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(FULL, wi, o);
+      if (tid >= o) wi += y;
+    }
+    if (tid < THREADS / 32) sm.wtot[tid] = wi - w;
+    if (tid == 31) sm.wtot[THREADS / 32] = wi;
+  }
+  __syncthreads();
+  total = sm.wtot[THREADS / 32];
+  const int ex = sm.wtot[warp] + incl - v;
+  __syncthreads();
+  return ex;
+}
+
+// hist: a digit's counts over nb bins, reversed (entry r counts digit nb - 1 - r). The bin of the rem-th
+// largest (1 <= rem <= the count): sm.bin (its digit), sm.above (in play with a larger digit), sm.eq (in it)
+__device__ __forceinline__ void fbin(const int* hist, int nb, int rem, Smem& sm) {
+  const int tid = threadIdx.x;
+  int c[4];
+  int tsum = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    c[e] = 4 * tid + e < nb ? hist[4 * tid + e] : 0;
+    tsum += c[e];
+  }
+  int total;
+  int acc = fscan(tsum, sm, total);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (acc < rem && rem <= acc + c[e]) {
+      sm.bin = nb - 1 - (4 * tid + e);
+      sm.above = acc;
+      sm.eq = c[e];
+    }
+    acc += c[e];
+  }
+  __syncthreads();
+}
+
+// The need-th largest level key in lk (1 <= need <= the keys in play), by digits of 11, 11 and 10 bits from
+// the top, stopping at the first bin that holds exactly the keys still wanted. primed: the first digit's
+// counts are in hist already. T, sh, above, eq: as radix_select's (eq > need - above only where sh == 0).
+__device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,
+                        int& eq) {
+  const int tid = threadIdx.x;
+  const uint4* lk4 = reinterpret_cast<const uint4*>(lk);
+  u32 prefix = 0;
+  above = 0;
+  eq = 0;
+  sh = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int s = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    const int nb = pass == 2 ? 1024 : 2048;
+    const int top = pass == 0 ? 32 : s + (pass == 2 ? 10 : 11);  // (the digit's bits: [s, top))
+    if (pass > 0 || !primed) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hist[4 * tid + e] = 0;
+      __syncthreads();
+#pragma unroll 4
+      for (int c = 0; c < FV; ++c) {
+        const uint4 v = lk4[c * THREADS + tid];
+        const u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (x[j] != 0 && (top == 32 || (x[j] >> top) == (prefix >> top)))
+            atomicAdd(&hist[nb - 1 - (int)((x[j] >> s) & (u32)(nb - 1))], 1);
+      }
+      __syncthreads();
+    }
+    fbin(hist, nb, need - above, sm);
+    prefix |= (u32)sm.bin << s;
+    above += sm.above;
+    eq = (int)sm.eq;
+    sh = s;
+    if (eq == need - above) break;  // the whole bin is wanted
+  }
+  T = prefix;
+}
+
+// A level's winners to sm.wkey / sm.wpos from slot wn on: the level keys above T's bin (from bit sh up), and
+// those in it where all of it wins (all). Where not all (the exact key T ties: sh == 0), the keys equal to T
+// become the next level's (after level 1: 0x80000000 | inverted id; after level 2: 0x80000000 | inverted
+// position) and every other key 0. A winner's packed key: level 1, its score key above its inverted id (read
+// again); level 2, t1 (level 1's key) above its inverted id; level 3, t1 above i2 (level 2's). Returns wn plus
+// the level's winners.
+__device__ int femit(u32* lk, int lvl, u32 T, int sh, bool all, u32 t1, u32 i2, int wn, const int* irow,
+                     Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  uint4* lk4 = reinterpret_cast<uint4*>(lk);
+  u32 win = 0;
+#pragma unroll
+  for (int c = 0; c < FV; ++c) {
+    const uint4 v = lk4[c * THREADS + tid];
+    const u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int cm = x[j] ? cmp_at(x[j], T, sh) : -1;
+      if (cm > 0 || (cm == 0 && all)) win |= 1u << (4 * c + j);
+    }
+  }
+  int total;
+  int slot = wn + fscan(__popc(win), sm, total);
+  u32 umin = 0xFFFFFFFFu;
+#pragma unroll 2
+  for (int c = 0; c < FV; ++c) {
+    if (all && ((win >> (4 * c)) & 15u) == 0) continue;
+    const uint4 v = lk4[c * THREADS + tid];
+    u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int p = 4 * (c * THREADS + tid) + j;
+      if ((win >> (4 * c + j)) & 1u) {
+        const u32 sk = lvl == 1 ? x[j] : t1;
+        const u32 iv = lvl == 1 ? 0x7FFFFFFFu - (u32)__ldg(irow + p) : (lvl == 2 ? (x[j] & 0x7FFFFFFFu) : i2);
+        sm.wkey[slot] = ((i64)sk << 31) | (i64)iv;
+        sm.wpos[slot] = p;
+        ++slot;
+        umin = min(umin, sk);
+      }
+      if (!all) {
+        const bool tie = x[j] != 0 && x[j] == T;
+        x[j] = !tie ? 0u : 0x80000000u | (0x7FFFFFFFu - (lvl == 1 ? (u32)__ldg(irow + p) : (u32)p));
+      }
+    }
+    if (!all) lk4[c * THREADS + tid] = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+  umin = __reduce_min_sync(FULL, umin);
+  if (lane == 0 && umin != 0xFFFFFFFFu) atomicMin(&sm.ulo, umin);
+  return wn + total;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,
+                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, int N, int K,
+                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, int s_op,
+                    const int* __restrict__ stat) {
+  __shared__ Smem sm;
+  extern __shared__ u64 fdyn[];  // (the row's level keys, then the ordering's dynamic memory)
+  u32* lk = reinterpret_cast<u32*>(fdyn);
+  uint4* lk4 = reinterpret_cast<uint4*>(fdyn);
+  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const i64 row = blockIdx.x;
+  const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
+  const int* irow = ids + row * s_iq;
+  if (tid == 0) reset_shared(sm);
+  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
+  __syncthreads();
+  // the row's score keys to lk, by 16-byte loads where both rows allow them; level 1's first digit counted
+  const bool vec = (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+  int nv = 0, ninf = 0, nnan = 0;
+#pragma unroll 4
+  for (int c = 0; c < FV; ++c) {
+    const int p0 = 4 * (c * THREADS + tid);
+    int b[4], d[4];
+    if (vec && p0 < N) {
+      const int4 sv = __ldg(reinterpret_cast<const int4*>(srow) + (c * THREADS + tid));
+      const int4 iv = __ldg(reinterpret_cast<const int4*>(irow) + (c * THREADS + tid));
+      b[0] = sv.x; b[1] = sv.y; b[2] = sv.z; b[3] = sv.w;
+      d[0] = iv.x; d[1] = iv.y; d[2] = iv.z; d[3] = iv.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        b[j] = p0 + j < N ? __ldg(srow + p0 + j) : 0;
+        d[j] = p0 + j < N ? __ldg(irow + p0 + j) : -1;
+      }
+    }
+    u32 kk[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      kk[j] = order_key(b[j], d[j]);
+      if (d[j] >= 0) {
+        ++nv;
+        ninf += kk[j] == KEY_NEGINF;
+        nnan += kk[j] == KEY_NAN;
+        atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);
+      }
+    }
+    lk4[c * THREADS + tid] = make_uint4(kk[0], kk[1], kk[2], kk[3]);
+  }
+  add_counts(nv, ninf, nnan, sm);
+  const int nvalid = sm.nvalid;
+  const int nsel = min(K, nvalid);
+  if (nsel > 0 && nsel == nvalid) {  // every valid candidate wins
+    femit(lk, 1, 0u, 0, true, 0u, 0u, 0, irow, sm);
+  } else if (nsel > 0) {
+    u32 T1, T2, T3;
+    int sh, ab, eq;
+    const int over = nvalid - sm.ninf - sm.nnan;  // above -inf
+    if (over < nsel && nsel <= over + sm.ninf) {  // the cutoff at -inf (a short context's pads): no passes
+      T1 = KEY_NEGINF;
+      sh = 0;
+      ab = over;
+      eq = sm.ninf;
+    } else {
+      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);
+    }
+    int rem = nsel - ab;
+    int wn = femit(lk, 1, T1, sh, eq == rem, 0u, 0u, 0, irow, sm);
+    if (eq > rem) {  // a tie at the exact score key T1: by inverted id among the tied
+      lselect(lk, hist, rem, false, sm, T2, sh, ab, eq);
+      rem -= ab;
+      wn = femit(lk, 2, T2, sh, eq == rem, T1, 0u, wn, irow, sm);
+      if (eq > rem) {  // duplicate ids too: by inverted position (distinct)
+        lselect(lk, hist, rem, false, sm, T3, sh, ab, eq);
+        femit(lk, 3, T3, sh, true, T1, T2 & 0x7FFFFFFFu, wn, irow, sm);
+      }
+    }
+  }
+  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;  // (the ordering counts its buckets from 0)
+  __syncthreads();
+  if (nsel > 0) order_winners(sm, fdyn, nsel, irow);
+
+  int* out_row = out_ids + row * s_oi;  // (the row kind's output)
+  int* out_srow = reinterpret_cast<int*>(out_sc) + row * s_os;
+  for (int r = tid; r < K; r += THREADS) {
+    int oid = -1, bits = (int)0xFF800000;
+    if (r < nsel) {
+      const int w = sm.mem[r];
+      oid = 0x7FFFFFFF - (int)(sm.wkey[w] & 0x7FFFFFFF);
+      const u32 wk = (u32)((u64)sm.wkey[w] >> 31);
+      bits = wk == KEY_NAN ? __ldg(srow + sm.wpos[w]) : key_bits(wk);
+    }
+    out_row[r] = oid;
+    out_srow[r] = bits;
   }
 }
 """
@@ -879,12 +1161,16 @@ def chunking(n: int, k: int, chunk: int | None = None) -> tuple[int, int, int]:
 
 
 _POS_IN, _UNORDERED, _GATED = 1, 2, 4  # SOURCE's MODE bits
-_SAMPLE, _KEEP = 8, 16  # SAMPLED_SOURCES' kernels (MODE: a kind's number only)
+_SAMPLE, _KEEP, _FILTER = 8, 16, 32  # SAMPLED_SOURCES' kernels and FILTER_KERNEL (MODE: a kind's number only)
 KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNORDERED | _GATED,
-         "merge_gated": _POS_IN | _GATED, "sample": _SAMPLE, "keep": _KEEP}
+         "merge_gated": _POS_IN | _GATED, "sample": _SAMPLE, "keep": _KEEP, "filter": _FILTER}
+# the filter kind (FILTER_KERNEL): rows of the 1024 tile on 512 threads of 32 candidates, two blocks an SM, the
+# row's keys in FILTER_DYN bytes of dynamic shared memory; taken where a launch of the 1024 tile's rows has
+# more than FILTER_OVER_SMS x the device's SMs blocks
+FILTER_THREADS, FILTER_DYN, FILTER_OVER_SMS = 512, 4 * TILE_N, 1
 SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 256, 256, 16  # the sample's and the keep's blocks
 SAMPLES = 512  # the sample's keys a row at most (the kernels' SAMPLES)
-KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS}  # kinds of one block size
+KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS, "filter": FILTER_THREADS}  # kinds of one block size
 # tiles whose kinds also compile for two blocks an SM (kind + PAIRED: ``__launch_bounds__(THREADS, 2)``, 64
 # registers a thread), launched so where a launch has more blocks than the device has SMs. H100, graph
 # replay, k = 2048 (docs/benchmarks_select_kernel.md, session 32): the 512 tile (rows of 4097-8192, a
@@ -930,6 +1216,8 @@ def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None,
     rows = q or 0
     if chunks == 1:
         t = tile(n)
+        if t == TILES[-1] and n_sm is not None and rows > FILTER_OVER_SMS * n_sm:
+            return (("filter", FILTER_THREADS),)
         return ((paired("row", t, rows, n_sm), t),)
     t1 = tile(chunk)
     if not (sampled(q) if keep is None else keep):
@@ -947,8 +1235,15 @@ def source(threads: int, kind: str = "row") -> str:
     return (f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n"
             f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define GATED {_GATED}\n"
             f"#define SB {SAMPLE_THREADS}\n#define KB {KEEP_THREADS}\n#define KI {KEEP_ITEMS}\n"
-            f"#define MINB {2 if base != kind else 1}\n"
-            f"#define MODE {KINDS[base]}\n" + SAMPLED_SOURCES.get(base, SOURCE))
+            f"#define MINB {2 if base != kind or base == 'filter' else 1}\n"
+            f"#define MODE {KINDS[base]}\n" + (SOURCE_HEAD + FILTER_KERNEL if base == "filter"
+                                                 else SAMPLED_SOURCES.get(base, SOURCE)))
+
+
+def dyn_bytes(kind: str) -> int:
+    """A kind's dynamic shared memory a block, as launched: the ordering's (``DYN_BYTES``), the filter's
+    row keys (``FILTER_DYN``, which hold the ordering's after the winners)."""
+    return FILTER_DYN if kind == "filter" else DYN_BYTES
 
 
 def sm_count(index: int | None = None) -> int:
@@ -976,9 +1271,12 @@ def compile_tile(threads: int, device: int | None = None, kind: str = "row"):
                 with torch.cuda.device(index):
                     kern = torch.cuda._compile_kernel(source(threads, kind), "tpflare_select_rows")
                     rc = _driver_library()().cuFuncSetAttribute(kern.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                      DYN_BYTES)
+                                                      dyn_bytes(kind))
                 if rc != 0:
-                    raise RuntimeError(f"cuFuncSetAttribute (dynamic shared memory {DYN_BYTES} B): CUDA error {rc}")
+                    raise RuntimeError(f"cuFuncSetAttribute (dynamic shared memory {dyn_bytes(kind)} B): CUDA error {rc}")
+                if dyn_bytes(kind) >= 48 * 1024 and hasattr(kern, "set_shared_memory_config"):
+                    with torch.cuda.device(index):  # (torch's launcher refuses 48 KB of dynamic memory or more
+                        kern.set_shared_memory_config(dyn_bytes(kind))  # unless told: the filter kind's 64 KB)
             except Exception as e:
                 _FAILED.append(f"{type(e).__name__}: {e}")
                 log.warning("tpflare.select_block: the block kernel did not compile (%s); the Triton row kernel "
@@ -1056,7 +1354,7 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
     if chunks == 1:
         kind, t = plan[0]
         compile_tile(t, dev.index, kind)(
-            grid=(q, 1, 1), block=(t, 1, 1), shared_mem=DYN_BYTES,
+            grid=(q, 1, 1), block=(t, 1, 1), shared_mem=dyn_bytes(kind),
             args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
                   out_ids.stride(0), out_sc.stride(0), 0, out_ids])
         return out_ids, out_sc

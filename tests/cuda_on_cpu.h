@@ -55,6 +55,16 @@ struct dim3 {
 };
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+// CUDA's 16-byte vector types (a vector load must be 16-byte aligned, as on a GPU: see __ldg below)
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
 #define __global__
 #define __device__
 #define __host__
@@ -266,7 +276,12 @@ template <class T, class U>
 inline T atomicMax(T* p, U v) { return cuda_on_cpu::atomic_rmw(p, [v](T o) { return std::max(o, (T)v); }); }
 
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T))
+    cuda_on_cpu::fail("a load of " + std::to_string(sizeof(T)) + " bytes at an address not " +
+                      std::to_string(alignof(T)) + "-byte aligned");
+  return *p;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline void __threadfence() { cuda_on_cpu::maybe_yield(); }  // (one thread runs at a time: an order point only)
 inline int __ffs(int x) { return __builtin_ffs(x); }

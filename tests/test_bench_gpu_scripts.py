@@ -125,5 +125,12 @@ def test_the_profiled_kernels_take_the_phase_stamps(tmp_path):
             for t in mod.TILES:
                 src = block_phases.stamped_source(t)
                 assert all(f"STAMP({i});" in src for i in range(len(block_phases.STAMPS) + 1)), (profile, t)
+        block_phases.sb = shipped
+        saved = block_phases.STAMPS, block_phases.KIND
+        block_phases.STAMPS, block_phases.KIND = block_phases.FILTER_STAMPS, "filter"  # (--kind filter)
+        src = block_phases.stamped_source(shipped.FILTER_THREADS)
+        assert all(f"STAMP({i});" in src for i in range(len(block_phases.FILTER_STAMPS) + 1)) and "FI * THREADS" in src
     finally:
         block_phases.sb = shipped
+        if "saved" in locals():
+            block_phases.STAMPS, block_phases.KIND = saved

@@ -196,7 +196,7 @@ def test_prefetch_is_exact_on_the_cpu(tmp_path):
     for (scores, ids), k, seed in cases:
         check_equal(run(scores, ids, k, seed=seed), ref_python(scores, ids, k), f"prefetch {tuple(scores.shape)} k={k}")
     assert {kind for _, kind in run.launched} == {"row"}
-    assert mod.dyn_bytes(1024, "row") == mod.DYN_BYTES + 8 * 16384 and mod.dyn_bytes(1024, "merge") == mod.DYN_BYTES
+    assert mod.row_dyn_bytes(1024, "row") == mod.DYN_BYTES + 8 * 16384 and mod.row_dyn_bytes(1024, "merge") == mod.DYN_BYTES
 
 
 # slips in the prefetch's order: no barrier between the wait and reading other threads' copies; the

@@ -161,7 +161,7 @@ def test_the_512_tile_runs_two_blocks_an_sm_where_a_launch_has_more_blocks_than_
     plan = select_block.plan_kernels
     assert plan(8192, 2048, q=132, n_sm=132) == (("row", 512),) and plan(8192, 2048, q=133, n_sm=132) == (("row@2", 512),)
     assert plan(8192, 2048, q=4096) == (("row", 512),)  # (no SM count)
-    assert plan(16384, 2048, q=4096, n_sm=132) == (("row", 1024),) and plan(4096, 2048, q=4096, n_sm=132) == (("row", 256),)
+    assert plan(4096, 2048, q=4096, n_sm=132) == (("row", 256),)
     # a long row: the chunks' blocks (rows x chunks) and the merge's (rows), each against the SMs
     assert plan(20000, 2048, q=1024, n_sm=132) == (("sample", 256), ("keep", 256), ("chunks_gated", 1024),
                                                    ("merge_gated@2", 512))
@@ -174,6 +174,22 @@ def test_the_512_tile_runs_two_blocks_an_sm_where_a_launch_has_more_blocks_than_
         assert "#define MINB 1\n" in one and "#define MINB 2\n" in two
         assert one.replace("#define MINB 1\n", "#define MINB 2\n") == two
     assert "__launch_bounds__(THREADS, MINB)" in select_block.SOURCE
+
+
+def test_the_1024_tiles_rows_take_the_filter_kind_beyond_one_wave(block_runs):
+    """Rows of 8193-16384 candidates: one 1024-thread block a row (kind row) while the rows are at
+    most the SMs (FILTER_OVER_SMS), the filter kind (512 threads, two blocks an SM) beyond; with no SM
+    count given, the row kind. The filter compiles for two blocks an SM at 512 threads only."""
+    if not SHIPPED:
+        pytest.skip("the shipped module's tiles")
+    plan = select_block.plan_kernels
+    assert plan(16384, 2048, q=132, n_sm=132) == (("row", 1024),)
+    assert plan(16384, 2048, q=133, n_sm=132) == (("filter", 512),) == plan(8193, 1, q=4096, n_sm=132)
+    assert plan(8192, 2048, q=4096, n_sm=132) == (("row@2", 512),) and plan(16384, 2048, q=4096) == (("row", 1024),)
+    assert sk.launch_plan(1024, 16384, 2048, 132) == ("block", 2048, ("filter", 512))
+    src = select_block.source(512, "filter")
+    assert "#define MINB 2\n" in src and "#define THREADS 512\n" in src and select_block.FILTER_KERNEL in src
+    assert select_block.KIND_THREADS["filter"] == 512 and select_block.dyn_bytes("filter") == 65536
 
 
 def test_dispatcher_keeps_the_row_kernel_where_the_block_path_cannot_run(monkeypatch):
@@ -203,7 +219,10 @@ def test_block_path_is_off_without_cuda():
 @pytest.mark.parametrize("threads", select_block.TILES)
 def test_source_compiles_for_every_tile(tmp_path, threads, kind):
     """The kernel's CUDA source, as NVRTC gets it, compiles for sm_90 with nvcc for every tile and
-    kind, where nvcc is installed (the GPU tests run it)."""
+    kind (a kind of one block size, KIND_THREADS, at that size), where nvcc is installed (the GPU
+    tests run it)."""
+    if select_block.KIND_THREADS.get(kind, threads) != threads:
+        pytest.skip(f"kind {kind} runs {select_block.KIND_THREADS[kind]} threads only")
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc here")

@@ -363,3 +363,105 @@ def test_paired_kinds_run_the_same_selection(on_cpu, sb):
     scores, ids = make_case("special", 2, 12000, 700, seed=33)
     check_equal(on_cpu(scores, ids, 700, 6000, 2, n_sm=1, keep=False), ref_python(scores, ids, 700), "chunks@2")
     assert set(on_cpu.launched) == {(512, "chunks" + sb.PAIRED), (256, "merge")}
+
+
+# --- the filter kind (rows of 8193-16384 on 512 threads, two blocks an SM; session 34) ---------------------
+
+def _filter_run(on_cpu, sb, scores, ids, k, seed):
+    """``sb.block_select`` with no SM to spare (``n_sm=0``): the filter kind takes rows of its tile."""
+    got = on_cpu(scores, ids, k, None, seed, n_sm=0)
+    assert on_cpu.launched[-1] == (sb.FILTER_THREADS, "filter")
+    return got
+
+
+@pytest.fixture
+def filt(sb):
+    if not hasattr(sb, "FILTER_KERNEL"):
+        pytest.skip("this module has no filter kind")
+    return sb
+
+
+FILTER_ROWS = [(8193, 333), (12001, 2048), (16384, 2048), (16384, 1), (10002, 2047)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,k", FILTER_ROWS)
+def test_filter_rows_against_python(on_cpu, filt, kind, n, k):
+    """The filter kind, rows read at a stride that keeps 16-byte loads (n + 4) and one that does not
+    (n + 5), under two schedules each: against the plain Python sort."""
+    for extra in (4, 5):
+        wide_s, wide_i = make_case(kind, 2, n + extra, k, seed=n * 7 + k + extra)
+        scores, ids = wide_s[:, :n], wide_i[:, :n]
+        ref = ref_python(scores, ids, k)
+        for s in (0, n + k):
+            check_equal(_filter_run(on_cpu, filt, scores, ids, k, s), ref, f"{kind} n={n} k={k} +{extra} seed={s}")
+
+
+def test_filter_cutoff_at_neginf_and_mass_ties(on_cpu, filt):
+    """The filter's levels: a cutoff at -inf from its counts (no pass on the score key); most of the
+    row at one key, the id and position levels after it (NaN of assorted payloads with every id
+    twice, +-0, one 11-bit bin)."""
+    scores, ids, ks = neginf_cutoff_case(3, 16384)
+    for k in ks:
+        check_equal(_filter_run(on_cpu, filt, scores, ids, k, k), ref_packed(scores, ids, k), f"-inf k={k}")
+    for kind in ("equal", "neginf", "nan_dups", "nan_pairs", "zeros", "one_bin"):
+        for n, k in ((16384, 2048), (9000, 1111)):
+            scores, ids = _mass_tie(kind, 2, n, seed=n)
+            for s in (0, 5):
+                check_equal(_filter_run(on_cpu, filt, scores, ids, k, s), ref_packed(scores, ids, k),
+                            f"{kind} n={n} k={k} seed={s}")
+
+
+@pytest.mark.parametrize("kind", ["two_groups", "outliers", "dup_groups", "narrow_ids", "close_keys", "short_context",
+                                  "three_groups", "signs_tie"])
+def test_filter_ordering_of_clustered_keys(on_cpu, filt, kind):
+    scores, ids = _clustered(kind, 2, 9000, seed=9000 + 2048)
+    for s in (0, 2):
+        check_equal(_filter_run(on_cpu, filt, scores, ids, 2048, s), ref_python(scores, ids, 2048), f"{kind} seed={s}")
+
+
+def test_filter_fuzzed_cases(on_cpu, filt):
+    """Cases of tools/fuzz_select.py's input kinds at rows of the filter's tile (8193-16384), k of 1-2048."""
+    import os
+    import random
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import fuzz_select
+
+    rng = random.Random(34)
+    for case in range(16):
+        q, n, k = rng.randint(1, 3), rng.randint(8193, 16384), rng.choice([1, 2, 7, 100, 1000, 2047, 2048])
+        scores, ids, info = fuzz_select.make_inputs(q, n, k, rng.randrange(1 << 30), "cpu")
+        got = _filter_run(on_cpu, filt, scores, ids, k, case + 1)
+        why = fuzz_select.mismatch(got, ref_packed(scores.contiguous(), ids.contiguous(), k))
+        assert why is None, f"case {case}: q={q} n={n} k={k} {info}: {why}"
+
+
+# a slip in the filter kind, and what it does here
+FILTER_BROKEN = {
+    # the level's bin not taken where all of it wins: winners missing
+    "all of the bin": ("if (cm > 0 || (cm == 0 && all)) win |=", "if (cm > 0) win |="),
+    # level 3 keyed by the id again, not the position: duplicate ids at the cutoff tie in any order
+    "level 3 key": ("(0x7FFFFFFFu - (lvl == 1 ? (u32)__ldg(irow + p) : (u32)p))", "(0x7FFFFFFFu - (u32)__ldg(irow + p))"),
+    # the bin test one short: the cutoff's bin missed where the wanted count ends a thread's bins
+    "bin test": ("if (acc < rem && rem <= acc + c[e]) {", "if (acc < rem && rem < acc + c[e]) {"),
+    # the cutoff at -inf taken where k ends at the last finite score: no winner is left for the tie
+    "-inf edge": ("if (over < nsel && nsel <= over + sm.ninf) {  // the cutoff at -inf",
+                  "if (over <= nsel && nsel <= over + sm.ninf) {  // the cutoff at -inf"),
+}
+
+
+@pytest.mark.parametrize("slip", list(FILTER_BROKEN))
+def test_a_broken_filter_fails_here(monkeypatch, on_cpu, filt, slip):
+    old, new = FILTER_BROKEN[slip]
+    assert filt.FILTER_KERNEL.count(old) == 1, f"the kernel changed under the slip {slip!r}: plant it anew"
+    monkeypatch.setattr(filt, "FILTER_KERNEL", filt.FILTER_KERNEL.replace(old, new))  # (source() reads it at each call)
+    cases = [make_case("nandups", 2, 12001, 700, seed=7) + (700,), _mass_tie("nan_dups", 2, 9000, seed=9000) + (1111,),
+             make_case("padding", 2, 9000, 2048, seed=3) + (2048,)]
+    cases += [_mass_tie("nan_pairs", 2, n, seed=n) + (k,) for n, k in ((9000, 1111), (16384, 2047), (12001, 1))]
+    scores, ids, ks = neginf_cutoff_case(3, 9000)
+    cases += [(scores, ids, k) for k in ks]
+    with pytest.raises((AssertionError, RuntimeError)):
+        for scores, ids, k in cases:
+            check_equal(_filter_run(on_cpu, filt, scores, ids, k, 1), ref_packed(scores, ids, k), slip)

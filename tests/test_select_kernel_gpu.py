@@ -1168,7 +1168,9 @@ BLOCK_SHAPES = [(5, 16384, 2048, 16384), (64, 9000, 2048, 9000), (33, 12001, 102
                 # from SAMPLED_MIN_ROWS (64) rows, or beyond one wave of chunks (session 32): the sampled keep
                 # (the chunks for rows it may miss a winner in)
                 (500, 30000, 2048, 30000), (64, 131072, 2048, 131072), (70, 65536, 700, 65600),
-                (24, 131072, 2048, 131072), (48, 49152, 1000, 49200)]
+                (24, 131072, 2048, 131072), (48, 49152, 1000, 49200),
+                # more rows of 8193-16384 than SMs: the filter kind (session 34), by 16-byte loads and not
+                (200, 16384, 2048, 16400), (140, 9001, 1000, 9001)]
 
 
 def test_block_path_one_function_a_tile_serves_every_shape():
