@@ -700,6 +700,23 @@ FILTER_KERNEL = r"""
 #define FV (FI / 4)
 static_assert(THREADS == 512 && FI * THREADS == 16384, "the filter kind: 512 threads of 32 candidates");
 
+// four candidates' score keys (bits b, ids d), counted (valid, -inf, NaN) and their first 11-bit digit into hist
+__device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist, int& nv, int& ninf,
+                                          int& nnan) {
+  u32 kk[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    kk[j] = order_key(b[j], d[j]);
+    if (d[j] >= 0) {
+      ++nv;
+      ninf += kk[j] == KEY_NEGINF;
+      nnan += kk[j] == KEY_NAN;
+      atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);
+    }
+  }
+  return make_uint4(kk[0], kk[1], kk[2], kk[3]);
+}
+
 // the exclusive sum over the block of v, and the block's total (sm.wtot: free again on return)
 __device__ __forceinline__ int fscan(int v, Smem& sm, int& total) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -798,10 +815,11 @@ __device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& s
 // those in it where all of it wins (all). Where not all (the exact key T ties: sh == 0), the keys equal to T
 // become the next level's (after level 1: 0x80000000 | inverted id; after level 2: 0x80000000 | inverted
 // position) and every other key 0. A winner's packed key: level 1, its score key above its inverted id (read
-// again); level 2, t1 (level 1's key) above its inverted id; level 3, t1 above i2 (level 2's). Returns wn plus
-// the level's winners.
-__device__ int femit(u32* lk, int lvl, u32 T, int sh, bool all, u32 t1, u32 i2, int wn, const int* irow,
-                     Smem& sm) {
+// again: a group of four's ids in one load where it holds a winner or a tie, four groups' loads at once); level
+// 2, t1 (level 1's key) above its inverted id; level 3, t1 above i2 (level 2's). Returns wn plus the level's
+// winners.
+__device__ int femit(u32* lk, int lvl, u32 T, int sh, bool all, u32 t1, u32 i2, int wn, const int* irow, int N,
+                     bool vec, Smem& sm) {
   const int tid = threadIdx.x, lane = tid & 31;
   uint4* lk4 = reinterpret_cast<uint4*>(lk);
   u32 win = 0;
@@ -818,28 +836,56 @@ __device__ int femit(u32* lk, int lvl, u32 T, int sh, bool all, u32 t1, u32 i2, 
   int total;
   int slot = wn + fscan(__popc(win), sm, total);
   u32 umin = 0xFFFFFFFFu;
-#pragma unroll 2
-  for (int c = 0; c < FV; ++c) {
-    if (all && ((win >> (4 * c)) & 15u) == 0) continue;
-    const uint4 v = lk4[c * THREADS + tid];
-    u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll 1
+  for (int cb = 0; cb < FV; cb += 4) {  // four groups of four at a time
+    if (all && ((win >> (4 * cb)) & 0xFFFFu) == 0) continue;
+    u32 x[4][4];
+    int4 idv[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int p = 4 * (c * THREADS + tid) + j;
-      if ((win >> (4 * c + j)) & 1u) {
-        const u32 sk = lvl == 1 ? x[j] : t1;
-        const u32 iv = lvl == 1 ? 0x7FFFFFFFu - (u32)__ldg(irow + p) : (lvl == 2 ? (x[j] & 0x7FFFFFFFu) : i2);
-        sm.wkey[slot] = ((i64)sk << 31) | (i64)iv;
-        sm.wpos[slot] = p;
-        ++slot;
-        umin = min(umin, sk);
-      }
-      if (!all) {
-        const bool tie = x[j] != 0 && x[j] == T;
-        x[j] = !tie ? 0u : 0x80000000u | (0x7FFFFFFFu - (lvl == 1 ? (u32)__ldg(irow + p) : (u32)p));
+    for (int u = 0; u < 4; ++u) {
+      const int q4 = (cb + u) * THREADS + tid;
+      const uint4 v = lk4[q4];
+      x[u][0] = v.x;
+      x[u][1] = v.y;
+      x[u][2] = v.z;
+      x[u][3] = v.w;
+      bool need = lvl == 1 && ((win >> (4 * (cb + u))) & 15u) != 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) need |= lvl == 1 && !all && x[u][j] != 0 && x[u][j] == T;
+      idv[u] = make_int4(-1, -1, -1, -1);
+      if (need) {
+        if (vec) {
+          idv[u] = __ldg(reinterpret_cast<const int4*>(irow) + q4);
+        } else {
+          idv[u].x = 4 * q4 < N ? __ldg(irow + 4 * q4) : -1;
+          idv[u].y = 4 * q4 + 1 < N ? __ldg(irow + 4 * q4 + 1) : -1;
+          idv[u].z = 4 * q4 + 2 < N ? __ldg(irow + 4 * q4 + 2) : -1;
+          idv[u].w = 4 * q4 + 3 < N ? __ldg(irow + 4 * q4 + 3) : -1;
+        }
       }
     }
-    if (!all) lk4[c * THREADS + tid] = make_uint4(x[0], x[1], x[2], x[3]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int c = cb + u;
+      const int idj[4] = {idv[u].x, idv[u].y, idv[u].z, idv[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int p = 4 * (c * THREADS + tid) + j;
+        if ((win >> (4 * c + j)) & 1u) {
+          const u32 sk = lvl == 1 ? x[u][j] : t1;
+          const u32 iv = lvl == 1 ? 0x7FFFFFFFu - (u32)idj[j] : (lvl == 2 ? (x[u][j] & 0x7FFFFFFFu) : i2);
+          sm.wkey[slot] = ((i64)sk << 31) | (i64)iv;
+          sm.wpos[slot] = p;
+          ++slot;
+          umin = min(umin, sk);
+        }
+        if (!all) {
+          const bool tie = x[u][j] != 0 && x[u][j] == T;
+          x[u][j] = !tie ? 0u : 0x80000000u | (0x7FFFFFFFu - (lvl == 1 ? (u32)idj[j] : (u32)p));
+        }
+      }
+      if (!all) lk4[c * THREADS + tid] = make_uint4(x[u][0], x[u][1], x[u][2], x[u][3]);
+    }
   }
   umin = __reduce_min_sync(FULL, umin);
   if (lane == 0 && umin != 0xFFFFFFFFu) atomicMin(&sm.ulo, umin);
@@ -861,6 +907,12 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   const i64 row = blockIdx.x;
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
   const int* irow = ids + row * s_iq;
+#if SPREAD_NS > 0
+  // chunk: the blocks of a launch's first wave (two an SM). Block b of them starts b x SPREAD_NS later, so that
+  // the rows' loads, which would all reach the DRAM at once, spread over the other blocks' selections (a block
+  // that ends starts the next: the spread stays)
+  if ((int)blockIdx.x < chunk) __nanosleep((unsigned)blockIdx.x * SPREAD_NS);
+#endif
   if (tid == 0) reset_shared(sm);
   for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
   __syncthreads();
@@ -883,24 +935,13 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
         d[j] = p0 + j < N ? __ldg(irow + p0 + j) : -1;
       }
     }
-    u32 kk[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      kk[j] = order_key(b[j], d[j]);
-      if (d[j] >= 0) {
-        ++nv;
-        ninf += kk[j] == KEY_NEGINF;
-        nnan += kk[j] == KEY_NAN;
-        atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);
-      }
-    }
-    lk4[c * THREADS + tid] = make_uint4(kk[0], kk[1], kk[2], kk[3]);
+    lk4[c * THREADS + tid] = put_keys(b, d, hist, nv, ninf, nnan);
   }
   add_counts(nv, ninf, nnan, sm);
   const int nvalid = sm.nvalid;
   const int nsel = min(K, nvalid);
   if (nsel > 0 && nsel == nvalid) {  // every valid candidate wins
-    femit(lk, 1, 0u, 0, true, 0u, 0u, 0, irow, sm);
+    femit(lk, 1, 0u, 0, true, 0u, 0u, 0, irow, N, vec, sm);
   } else if (nsel > 0) {
     u32 T1, T2, T3;
     int sh, ab, eq;
@@ -914,14 +955,14 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
       lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);
     }
     int rem = nsel - ab;
-    int wn = femit(lk, 1, T1, sh, eq == rem, 0u, 0u, 0, irow, sm);
+    int wn = femit(lk, 1, T1, sh, eq == rem, 0u, 0u, 0, irow, N, vec, sm);
     if (eq > rem) {  // a tie at the exact score key T1: by inverted id among the tied
       lselect(lk, hist, rem, false, sm, T2, sh, ab, eq);
       rem -= ab;
-      wn = femit(lk, 2, T2, sh, eq == rem, T1, 0u, wn, irow, sm);
+      wn = femit(lk, 2, T2, sh, eq == rem, T1, 0u, wn, irow, N, vec, sm);
       if (eq > rem) {  // duplicate ids too: by inverted position (distinct)
         lselect(lk, hist, rem, false, sm, T3, sh, ab, eq);
-        femit(lk, 3, T3, sh, true, T1, T2 & 0x7FFFFFFFu, wn, irow, sm);
+        femit(lk, 3, T3, sh, true, T1, T2 & 0x7FFFFFFFu, wn, irow, N, vec, sm);
       }
     }
   }
@@ -1168,6 +1209,7 @@ KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNOR
 # row's keys in FILTER_DYN bytes of dynamic shared memory; taken where a launch of the 1024 tile's rows has
 # more than FILTER_OVER_SMS x the device's SMs blocks
 FILTER_THREADS, FILTER_DYN, FILTER_OVER_SMS = 512, 4 * TILE_N, 1
+FILTER_SPREAD_NS = 0  # block b of the first wave starts b x this many ns later (0: off)
 SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 256, 256, 16  # the sample's and the keep's blocks
 SAMPLES = 512  # the sample's keys a row at most (the kernels' SAMPLES)
 KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS, "filter": FILTER_THREADS}  # kinds of one block size
@@ -1235,7 +1277,7 @@ def source(threads: int, kind: str = "row") -> str:
     return (f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n"
             f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define GATED {_GATED}\n"
             f"#define SB {SAMPLE_THREADS}\n#define KB {KEEP_THREADS}\n#define KI {KEEP_ITEMS}\n"
-            f"#define MINB {2 if base != kind or base == 'filter' else 1}\n"
+            f"#define MINB {2 if base != kind or base == 'filter' else 1}\n#define SPREAD_NS {int(FILTER_SPREAD_NS)}\n"
             f"#define MODE {KINDS[base]}\n" + (SOURCE_HEAD + FILTER_KERNEL if base == "filter"
                                                  else SAMPLED_SOURCES.get(base, SOURCE)))
 
@@ -1355,8 +1397,8 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
         kind, t = plan[0]
         compile_tile(t, dev.index, kind)(
             grid=(q, 1, 1), block=(t, 1, 1), shared_mem=dyn_bytes(kind),
-            args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
-                  out_ids.stride(0), out_sc.stride(0), 0, out_ids])
+            args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, 2 * (n_sm or 0) if kind == "filter" else n,
+                  scores.stride(0), ids.stride(0), 0, out_ids.stride(0), out_sc.stride(0), 0, out_ids])  # (filter: a wave)
         return out_ids, out_sc
     m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
     w, target = sampled_sizes(chunks, kc, k) if keep else (m, 0)  # the workspace row

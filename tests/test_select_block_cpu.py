@@ -443,7 +443,7 @@ FILTER_BROKEN = {
     # the level's bin not taken where all of it wins: winners missing
     "all of the bin": ("if (cm > 0 || (cm == 0 && all)) win |=", "if (cm > 0) win |="),
     # level 3 keyed by the id again, not the position: duplicate ids at the cutoff tie in any order
-    "level 3 key": ("(0x7FFFFFFFu - (lvl == 1 ? (u32)__ldg(irow + p) : (u32)p))", "(0x7FFFFFFFu - (u32)__ldg(irow + p))"),
+    "level 3 key": ("(0x7FFFFFFFu - (lvl == 1 ? (u32)idj[j] : (u32)p))", "(0x7FFFFFFFu - (u32)idj[j])"),
     # the bin test one short: the cutoff's bin missed where the wanted count ends a thread's bins
     "bin test": ("if (acc < rem && rem <= acc + c[e]) {", "if (acc < rem && rem < acc + c[e]) {"),
     # the cutoff at -inf taken where k ends at the last finite score: no winner is left for the tie
