@@ -512,8 +512,7 @@ def row_blocks(q: int, threads: int, dev, kind: str = "row") -> int:
     Sub(r"grid=\(q, 1, 1\), block=\(t, 1, 1\), shared_mem=dyn_bytes\(kind\),",
         "grid=(row_blocks(q, t, dev, kind), 1, 1), block=(t, 1, 1), shared_mem=row_dyn_bytes(t, kind),", 1),
     Sub(r'(shared_mem=row_dyn_bytes\(t, kind\),\n\s+args=\[scores, ids, ids, out_ids, out_sc, out_ids, n, k, '
-        r'2 \* \(n_sm or 0\) if kind == "filter" else n,\n\s+scores\.stride\(0\), ids\.stride\(0\), 0, out_ids\.stride\(0\), '
-        r'out_sc\.stride\(0\), )0', r"\1q", 1),
+        r'n, scores\.stride\(0\), ids\.stride\(0\), 0,\n\s+out_ids\.stride\(0\), out_sc\.stride\(0\), )0', r"\1q", 1),
     # (the row kind at every row count: the filter kind, session 34, would take the 1024 tile's rows beyond one wave)
     Sub(r"(FILTER_THREADS, FILTER_DYN, FILTER_OVER_SMS = 512, 4 \* TILE_N, )1\b", r"\g<1>1 << 30", 1),
 ]

@@ -907,12 +907,6 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   const i64 row = blockIdx.x;
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
   const int* irow = ids + row * s_iq;
-#if SPREAD_NS > 0
-  // chunk: the blocks of a launch's first wave (two an SM). Block b of them starts b x SPREAD_NS later, so that
-  // the rows' loads, which would all reach the DRAM at once, spread over the other blocks' selections (a block
-  // that ends starts the next: the spread stays)
-  if ((int)blockIdx.x < chunk) __nanosleep((unsigned)blockIdx.x * SPREAD_NS);
-#endif
   if (tid == 0) reset_shared(sm);
   for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
   __syncthreads();
@@ -1209,7 +1203,6 @@ KINDS = {"row": 0, "chunks": _UNORDERED, "merge": _POS_IN, "chunks_gated": _UNOR
 # row's keys in FILTER_DYN bytes of dynamic shared memory; taken where a launch of the 1024 tile's rows has
 # more than FILTER_OVER_SMS x the device's SMs blocks
 FILTER_THREADS, FILTER_DYN, FILTER_OVER_SMS = 512, 4 * TILE_N, 1
-FILTER_SPREAD_NS = 0  # block b of the first wave starts b x this many ns later (0: off)
 SAMPLE_THREADS, KEEP_THREADS, KEEP_ITEMS = 256, 256, 16  # the sample's and the keep's blocks
 SAMPLES = 512  # the sample's keys a row at most (the kernels' SAMPLES)
 KIND_THREADS = {"sample": SAMPLE_THREADS, "keep": KEEP_THREADS, "filter": FILTER_THREADS}  # kinds of one block size
@@ -1277,7 +1270,7 @@ def source(threads: int, kind: str = "row") -> str:
     return (f"#define THREADS {int(threads)}\n#define ITEMS {ITEMS}\n#define KMAX {MAX_K}\n"
             f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define GATED {_GATED}\n"
             f"#define SB {SAMPLE_THREADS}\n#define KB {KEEP_THREADS}\n#define KI {KEEP_ITEMS}\n"
-            f"#define MINB {2 if base != kind or base == 'filter' else 1}\n#define SPREAD_NS {int(FILTER_SPREAD_NS)}\n"
+            f"#define MINB {2 if base != kind or base == 'filter' else 1}\n"
             f"#define MODE {KINDS[base]}\n" + (SOURCE_HEAD + FILTER_KERNEL if base == "filter"
                                                  else SAMPLED_SOURCES.get(base, SOURCE)))
 
@@ -1397,8 +1390,8 @@ def block_select(scores: torch.Tensor, ids: torch.Tensor, k: int, chunk: int | N
         kind, t = plan[0]
         compile_tile(t, dev.index, kind)(
             grid=(q, 1, 1), block=(t, 1, 1), shared_mem=dyn_bytes(kind),
-            args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, 2 * (n_sm or 0) if kind == "filter" else n,
-                  scores.stride(0), ids.stride(0), 0, out_ids.stride(0), out_sc.stride(0), 0, out_ids])  # (filter: a wave)
+            args=[scores, ids, ids, out_ids, out_sc, out_ids, n, k, n, scores.stride(0), ids.stride(0), 0,
+                  out_ids.stride(0), out_sc.stride(0), 0, out_ids])
         return out_ids, out_sc
     m = chunks * kc  # the chunks' winners a row (where the sampled keep may miss one)
     w, target = sampled_sizes(chunks, kc, k) if keep else (m, 0)  # the workspace row

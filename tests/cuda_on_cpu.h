@@ -283,8 +283,7 @@ inline T __ldg(const T* p) {
   return *p;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
-inline void __threadfence() { cuda_on_cpu::maybe_yield(); }
-inline void __nanosleep(unsigned) { cuda_on_cpu::maybe_yield(); }  // (a thread's pause: an order point only)  // (one thread runs at a time: an order point only)
+inline void __threadfence() { cuda_on_cpu::maybe_yield(); }  // (one thread runs at a time: an order point only)
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
