@@ -51,11 +51,12 @@ rows than ``FILTER_OVER_SMS`` x the device's SMs. A block of 512 threads a row, 
 row's score keys go to dynamic shared memory (64 KB, ``FILTER_DYN``), not registers, their first
 11-bit digit counted as they load (16-byte loads where the rows allow). Radix select over them by
 digits of 11, 11 and 10 bits; each level's winners go to shared memory as soon as they are known
-(level 1 reads a winner's id again), and where the exact k-th key ties, the tied keys are rewritten
-in place as the next level's (inverted id, then inverted position). The ordering and the output are
-the row kind's. H100, graph replay, k = 2048: 0.79-0.90x the row kind's time on random scores and
-mass ties at 256-4096 rows of 8200-16384, 0.99-1.01x on a short context; at 64 rows (one wave) 1.27x,
-so it stays off there.
+(level 1 reads the ids of a group of four holding a winner again, in one load), and where the exact
+k-th key ties, the tied keys are rewritten in place as the next level's (inverted id, then inverted
+position). The ordering and the output are the row kind's. H100, graph replay, k = 2048
+(docs/benchmarks_select_kernel.md, session 34): 0.76-0.78x the row kind's time on random scores at
+256-4096 rows of 9000-16384 (1024 x 16384: 126 against 162 µs), 0.84-0.89x on mass ties, 0.92-0.96x
+on a short context; at 133 rows 0.80-0.96x; at 64 rows (one wave) 1.27x, so it stays off there.
 
 A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
 * kind ``chunks``, a block a chunk (grid rows x chunks): the same selection on the chunk, and its
@@ -913,7 +914,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   // the row's score keys to lk, by 16-byte loads where both rows allow them; level 1's first digit counted
   const bool vec = (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
   int nv = 0, ninf = 0, nnan = 0;
-#pragma unroll 4
+#pragma unroll 2
   for (int c = 0; c < FV; ++c) {
     const int p0 = 4 * (c * THREADS + tid);
     int b[4], d[4];
