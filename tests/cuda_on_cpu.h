@@ -33,6 +33,9 @@
 // wait, at random (a copy issued before every reader of the old bytes passed a barrier overwrites
 // them). A thread that ends with copies it never waited for stops the launch.
 //
+// Vector types int4 / uint4 (make_int4, make_uint4): 16-byte aligned, as on a GPU; __ldg of any type
+// at an address not aligned to it stops the launch (a GPU faults there).
+//
 // cuda_on_cpu.py includes this before a kernel's source, in which it has replaced the
 // `__shared__` declarations by calls to static_shared / dynamic_shared below.
 #pragma once
