@@ -54,8 +54,8 @@ digits of 11, 11 and 10 bits; each level's winners go to shared memory as soon a
 (level 1 reads the ids of a group of four holding a winner again, in one load), and where the exact
 k-th key ties, the tied keys are rewritten in place as the next level's (inverted id, then inverted
 position). The ordering and the output are the row kind's. H100, graph replay, k = 2048
-(docs/benchmarks_select_kernel.md, session 34): 0.76-0.78x the row kind's time on random scores at
-256-4096 rows of 9000-16384 (1024 x 16384: 126 against 162 µs), 0.84-0.89x on mass ties, 0.92-0.96x
+(docs/benchmarks_select_kernel.md, session 34): 0.76-0.82x the row kind's time on random scores at
+256-4096 rows of 9000-16384 (1024 x 16384: 126 against 162 µs), 0.84-0.89x on mass ties, 0.91-0.96x
 on a short context; at 133 rows 0.80-0.96x; at 64 rows (one wave) 1.27x, so it stays off there.
 
 A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
