@@ -89,10 +89,11 @@ why, turns the block path off for the process, and the Triton row kernel takes i
 (``select_kernel.triton_ordered_select``). The kernel itself includes no header.
 
 No host synchronisation; capturable in a CUDA graph after a first, compiling call outside
-capture (as the Triton kernels). Shared memory: 42 KB static and ``DYN_BYTES`` dynamic a block
-(the ordering's; the chunks kind launches without), which needs the function's opt-in beyond 48
-KB (``cuFuncSetAttribute``, set at compile; torch's ``set_shared_memory_config`` calls the driver only
-for more than 48 KB of dynamic memory alone, so it does not serve here). A long row's workspace: 12 bytes a slot, ``Q x
+capture (as the Triton kernels). Shared memory: 42 KB static and ``dyn_bytes(kind)`` dynamic a
+block (``DYN_BYTES``, the ordering's; the chunks kind launches without; the filter kind's
+``FILTER_DYN``, 64 KB), which needs the function's opt-in beyond 48 KB (``cuFuncSetAttribute``, set
+at compile). Torch's launcher also refuses 48 KB or more of dynamic memory alone unless told
+(``set_shared_memory_config``), so the filter kind is told. A long row's workspace: 12 bytes a slot, ``Q x
 chunks x kc`` slots (50 MB at 1024 rows of 32768, k = 2048), from torch's allocator.
 
 Tests: this source, as NVRTC gets it, runs on the CPU in CI (tests/test_select_block_cpu.py,
@@ -108,8 +109,8 @@ import time
 
 import torch
 
-__all__ = ["available", "supports", "tile", "chunking", "sampled", "plan_kernels", "source", "block_select",
-           "compile_kernels", "compile_tile", "paired", "sm_count", "KINDS", "MAX_N", "PAIRED", "PAIRED_TILES", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
+__all__ = ["available", "supports", "tile", "chunking", "sampled", "plan_kernels", "source", "dyn_bytes", "block_select",
+           "compile_kernels", "compile_tile", "paired", "sm_count", "FILTER_THREADS", "KINDS", "MAX_N", "PAIRED", "PAIRED_TILES", "SAMPLED_MIN_ROWS", "TILE_N", "TILES"]
 
 log = logging.getLogger("tpflare.select_block")
 
@@ -718,35 +719,6 @@ __device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], 
   return make_uint4(kk[0], kk[1], kk[2], kk[3]);
 }
 
-// the exclusive sum over the block of v, and the block's total (sm.wtot: free again on return)
-__device__ __forceinline__ int fscan(int v, Smem& sm, int& total) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(FULL, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) sm.wtot[warp] = incl;
-  __syncthreads();
-  if (tid < 32) {
-    const int w = tid < THREADS / 32 ? sm.wtot[tid] : 0;
-    int wi = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(FULL, wi, o);
-      if (tid >= o) wi += y;
-    }
-    if (tid < THREADS / 32) sm.wtot[tid] = wi - w;
-    if (tid == 31) sm.wtot[THREADS / 32] = wi;
-  }
-  __syncthreads();
-  total = sm.wtot[THREADS / 32];
-  const int ex = sm.wtot[warp] + incl - v;
-  __syncthreads();
-  return ex;
-}
-
 // hist: a digit's counts over nb bins, reversed (entry r counts digit nb - 1 - r). The bin of the rem-th
 // largest (1 <= rem <= the count): sm.bin (its digit), sm.above (in play with a larger digit), sm.eq (in it)
 __device__ __forceinline__ void fbin(const int* hist, int nb, int rem, Smem& sm) {
@@ -759,7 +731,7 @@ __device__ __forceinline__ void fbin(const int* hist, int nb, int rem, Smem& sm)
     tsum += c[e];
   }
   int total;
-  int acc = fscan(tsum, sm, total);
+  int acc = block_scan<THREADS>(tsum, sm.wtot, total);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     if (acc < rem && rem <= acc + c[e]) {
@@ -835,7 +807,7 @@ __device__ int femit(u32* lk, int lvl, u32 T, int sh, bool all, u32 t1, u32 i2, 
     }
   }
   int total;
-  int slot = wn + fscan(__popc(win), sm, total);
+  int slot = wn + block_scan<THREADS>(__popc(win), sm.wtot, total);
   u32 umin = 0xFFFFFFFFu;
 #pragma unroll 1
   for (int cb = 0; cb < FV; cb += 4) {  // four groups of four at a time
@@ -1272,7 +1244,7 @@ def source(threads: int, kind: str = "row") -> str:
             f"#define POS_IN {_POS_IN}\n#define UNORDERED {_UNORDERED}\n#define GATED {_GATED}\n"
             f"#define SB {SAMPLE_THREADS}\n#define KB {KEEP_THREADS}\n#define KI {KEEP_ITEMS}\n"
             f"#define MINB {2 if base != kind or base == 'filter' else 1}\n"
-            f"#define MODE {KINDS[base]}\n" + (SOURCE_HEAD + FILTER_KERNEL if base == "filter"
+            f"#define MODE {KINDS[base]}\n" + (SOURCE_HEAD + BLOCK_SCAN + FILTER_KERNEL if base == "filter"
                                                  else SAMPLED_SOURCES.get(base, SOURCE)))
 
 
