@@ -285,6 +285,10 @@ inline T __ldg(const T* p) {
                       std::to_string(alignof(T)) + "-byte aligned");
   return *p;
 }
+template <class T>
+inline T __ldcg(const T* p) { return __ldg(p); }  // (cache hints: the same load here)
+template <class T>
+inline T __ldcs(const T* p) { return __ldg(p); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline void __threadfence() { cuda_on_cpu::maybe_yield(); }  // (one thread runs at a time: an order point only)
 inline int __ffs(int x) { return __builtin_ffs(x); }

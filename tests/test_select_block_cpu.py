@@ -453,8 +453,10 @@ FILTER_BROKEN = {
 
 
 @pytest.mark.parametrize("slip", list(FILTER_BROKEN))
-def test_a_broken_filter_fails_here(monkeypatch, on_cpu, filt, slip):
+def test_a_broken_filter_fails_here(request, monkeypatch, on_cpu, filt, slip):
     old, new = FILTER_BROKEN[slip]
+    if filt.FILTER_KERNEL.count(old) != 1 and request.config.getoption("--block-module") is not None:
+        pytest.skip(f"the variant under test replaced this text ({slip})")
     assert filt.FILTER_KERNEL.count(old) == 1, f"the kernel changed under the slip {slip!r}: plant it anew"
     monkeypatch.setattr(filt, "FILTER_KERNEL", filt.FILTER_KERNEL.replace(old, new))  # (source() reads it at each call)
     cases = [make_case("nandups", 2, 12001, 700, seed=7) + (700,), _mass_tie("nan_dups", 2, 9000, seed=9000) + (1111,),
