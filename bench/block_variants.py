@@ -533,82 +533,11 @@ _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024
 # and measured noids and wide slower (in the history at commit 031b5fb); it shipped lohi_fused, the winners'
 # smallest score key taken as they are written, and measured parts_redux slower (history: c9346a5); session
 # 33 measured inplace_levels, hist2, fused_first, list_passes and tma_next slower and built tma_call, which
-# still spills: their text is in the history at commit 9d89add)
-# Session 34's edits of the filter kind (select_block.FILTER_KERNEL), each timed on an H100 against the shipped
-# one (docs/benchmarks_select_kernel.md, session 34). The first-wave spread is select_block.py at aad5fa8
-# (FILTER_SPREAD_NS).
-_FILTER_LOAD = "#pragma unroll 2\n  for (int c = 0; c < FV; ++c) {\n    const int p0"
-_FILTER_VARIANTS = {
-    # the filter at every row count (where one wave of row blocks runs one block an SM, too)
-    "filter_always": [Sub(r"(FILTER_THREADS, FILTER_DYN, FILTER_OVER_SMS = 512, 4 \* TILE_N, )1\b", r"\g<1>0", 1)],
-    # the load by four groups at a time, or all eight, not two
-    "filter_unroll4": [Sub(re.escape(_FILTER_LOAD), _FILTER_LOAD.replace("unroll 2", "unroll 4"), 1)],
-    "filter_unroll8": [Sub(re.escape(_FILTER_LOAD), _FILTER_LOAD.replace("unroll 2", "unroll"), 1)],
-    # the row's 16-byte loads past the L1 (cache global), or streaming (evict first)
-    "filter_ldcg": [Sub(r"__ldg\((reinterpret_cast<const int4\*>\((?:srow|irow)\) \+ \(c \* THREADS \+ tid\))\)",
-                        r"__ldcg(\1)", 2)],
-    "filter_ldcs": [Sub(r"__ldg\((reinterpret_cast<const int4\*>\((?:srow|irow)\) \+ \(c \* THREADS \+ tid\))\)",
-                        r"__ldcs(\1)", 2)],
-    # the ordering's second level for buckets of more than 8 (or 4) winners, not 16: every kind's ordering
-    "split8": [Sub(r"#define SPLIT 16 ", "#define SPLIT 8 ", 1)],
-    "split4": [Sub(r"#define SPLIT 16 ", "#define SPLIT 4 ", 1)],
-    # the bin search zeroes the histogram entries it read, and a pass starts with no zeroing and barrier of its own
-    "filter_fbinzero": [
-        Sub(r"void fbin\(const int\* hist,", "void fbin(int* hist,", 1),
-        Sub(r"(    c\[e\] = 4 \* tid \+ e < nb \? hist\[4 \* tid \+ e\] : 0;\n)",
-            r"\1    if (4 * tid + e < nb) hist[4 * tid + e] = 0;  // (its own entries, after the barriers)\n", 1),
-        Sub(r"(    if \(pass > 0 \|\| !primed\) \{\n)#pragma unroll\n      for \(int e = 0; e < 4; \+\+e\) hist\[4 \* tid \+ e\] = 0;\n"
-            r"      __syncthreads\(\);\n", r"\1", 1),
-        Sub(r"(      eq = sm\.ninf;\n)(    \} else \{\n      lselect\(lk, hist, nsel, true)",
-            r"\1      for (int i = tid; i < NB; i += THREADS) hist[i] = 0;  // (the load's counts, unread)\n\2", 1),
-    ],
-    # a launch's second block on each SM (blocks [SMs, 2 SMs) in launch order) starts 6 us later
-    "filter_stagger": [
-        Sub(r"(  int\* hist = sm\.off;  // \(the digits' counts[^\n]*\n)",
-            r"\1#ifndef __CUDA_ARCH__\n#define __nanosleep(ns) ((void)0)\n#endif\n"
-            r"  if ((int)blockIdx.x >= chunk && (int)blockIdx.x < 2 * chunk) __nanosleep(6000);  // (chunk: the SMs)\n", 1),
-        Sub(r"(args=\[scores, ids, ids, out_ids, out_sc, out_ids, n, k, )n(, scores\.stride\(0\), ids\.stride\(0\), 0,)",
-            r'\1(n_sm or 0) if kind == "filter" else n\2', 1),
-    ],
-    # the row's scores by asynchronous copies straight to the keys' shared memory, its ids to registers, every
-    # load in flight at once (where 16-byte loads run)
-    "filter_async": [
-        Sub(r"(// four candidates' score keys \(bits b, ids d\))", r"""#ifdef __CUDA_ARCH__  // (the CPU runner has its own)
-__device__ __forceinline__ void cp_async16(void* s, const void* g) {
-  u64 a;
-  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(s));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)a), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-#endif
-
-\1""", 1),
-        Sub(re.escape(_FILTER_LOAD), """if (vec) {
-    int4 idv[FV];
-#pragma unroll
-    for (int c = 0; c < FV; ++c) {
-      const int q4 = c * THREADS + tid;
-      idv[c] = make_int4(-1, -1, -1, -1);
-      if (4 * q4 < N) {
-        cp_async16(lk4 + q4, reinterpret_cast<const int4*>(srow) + q4);
-        idv[c] = __ldg(reinterpret_cast<const int4*>(irow) + q4);
-      }
-    }
-    cp_async_wait_all();
-#pragma unroll
-    for (int c = 0; c < FV; ++c) {
-      const int q4 = c * THREADS + tid;
-      const uint4 sv = 4 * q4 < N ? lk4[q4] : make_uint4(0, 0, 0, 0);
-      const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
-      const int d[4] = {idv[c].x, idv[c].y, idv[c].z, idv[c].w};
-      lk4[q4] = put_keys(b, d, hist, nv, ninf, nnan);
-    }
-  } else
-""" + _FILTER_LOAD, 1),
-    ],
-}
+# still spills: their text is in the history at commit 9d89add; session 34 shipped the filter kind and measured
+# its edits filter_always, filter_unroll4 / 8, filter_ldcg / ldcs, split8 / 4, filter_fbinzero, filter_stagger
+# and filter_async: in the history at commit 8dda639)
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512, **_FILTER_VARIANTS}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
 
 
 def _edit(text: str, edit, what: str) -> str:
