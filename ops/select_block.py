@@ -1216,7 +1216,8 @@ def paired(kind: str, threads: int, blocks: int, n_sm: int | None) -> str:
 def plan_kernels(n: int, k: int, chunk: int | None = None, q: int | None = None, *, keep: bool | None = None,
                  n_sm: int | None = None) -> tuple[tuple[str, int], ...]:
     """The kernels a call of ``q`` rows runs, as ``(kind, threads)``: ``(("row", tile),)`` for a row
-    in one block; rows in chunks: ``(("chunks", chunk's tile), ("merge", merge's tile))``, or with
+    in one block, or ``(("filter", FILTER_THREADS),)`` for the 1024 tile's rows where ``q`` exceeds
+    ``FILTER_OVER_SMS`` x ``n_sm``; rows in chunks: ``(("chunks", chunk's tile), ("merge", merge's tile))``, or with
     the sampled keep (``keep``; default ``sampled(q)``: from ``SAMPLED_MIN_ROWS`` rows) its
     ``sample``, ``keep``, ``chunks_gated`` and ``merge_gated``. A kind ends in ``PAIRED`` where its
     function runs two blocks an SM (``paired``: given ``q`` and the device's ``n_sm``)."""
