@@ -177,13 +177,19 @@ BROKEN = {
 }
 
 
+def _plant(request, monkeypatch, mod, attr: str, slip: str, old: str, new: str) -> None:
+    """The slip ``old`` -> ``new`` planted in the module's kernel text ``attr`` (source() reads it at each
+    call); skipped where the variant under test (``--block-module``) replaced that text."""
+    text = getattr(mod, attr)
+    if text.count(old) != 1 and request.config.getoption("--block-module") is not None:
+        pytest.skip(f"the variant under test replaced this text ({slip})")
+    assert text.count(old) == 1, f"the kernel changed under the slip {slip!r}: plant it anew"
+    monkeypatch.setattr(mod, attr, text.replace(old, new))
+
+
 @pytest.mark.parametrize("slip", list(BROKEN))
 def test_a_broken_kernel_fails_here(request, monkeypatch, on_cpu, sb, slip):
-    old, new = BROKEN[slip]
-    if sb.SOURCE.count(old) != 1 and request.config.getoption("--block-module") is not None:
-        pytest.skip(f"the variant under test replaced this text ({slip})")
-    assert sb.SOURCE.count(old) == 1, f"the kernel changed under the slip {slip!r}: plant it anew"
-    monkeypatch.setattr(sb, "SOURCE", sb.SOURCE.replace(old, new))  # (source() reads it at each call)
+    _plant(request, monkeypatch, sb, "SOURCE", slip, *BROKEN[slip])
     scores, ids = make_case("nandups", 2, 3000, 700, seed=7)
     with pytest.raises((AssertionError, RuntimeError)):
         _both_schedules(on_cpu, scores, ids, 700, ref_python(scores, ids, 700), slip)
@@ -454,11 +460,7 @@ FILTER_BROKEN = {
 
 @pytest.mark.parametrize("slip", list(FILTER_BROKEN))
 def test_a_broken_filter_fails_here(request, monkeypatch, on_cpu, filt, slip):
-    old, new = FILTER_BROKEN[slip]
-    if filt.FILTER_KERNEL.count(old) != 1 and request.config.getoption("--block-module") is not None:
-        pytest.skip(f"the variant under test replaced this text ({slip})")
-    assert filt.FILTER_KERNEL.count(old) == 1, f"the kernel changed under the slip {slip!r}: plant it anew"
-    monkeypatch.setattr(filt, "FILTER_KERNEL", filt.FILTER_KERNEL.replace(old, new))  # (source() reads it at each call)
+    _plant(request, monkeypatch, filt, "FILTER_KERNEL", slip, *FILTER_BROKEN[slip])
     cases = [make_case("nandups", 2, 12001, 700, seed=7) + (700,), _mass_tie("nan_dups", 2, 9000, seed=9000) + (1111,),
              make_case("padding", 2, 9000, 2048, seed=3) + (2048,)]
     cases += [_mass_tie("nan_pairs", 2, n, seed=n) + (k,) for n, k in ((9000, 1111), (16384, 2047), (12001, 1))]
