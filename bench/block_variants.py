@@ -536,8 +536,88 @@ _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024
 # still spills: their text is in the history at commit 9d89add; session 34 shipped the filter kind and measured
 # its edits filter_always, filter_unroll4 / 8, filter_ldcg / ldcs, split8 / 4, filter_fbinzero, filter_stagger
 # and filter_async: in the history at commit 8dda639)
+# the filter kind's scores by one bulk copy of the TMA engine (session 34's next step; ready, not timed): thread 0
+# issues it into the keys' shared memory, completing on an mbarrier, while the threads load the ids, four groups
+# of four at a time. Session 34's profile put the load at 21,000 of a block's 57,700 cycles, an SM taking in
+# about 13 bytes a cycle through its loads whatever the blocks did; the bulk copy takes the scores off that path
+# and costs no registers (the asynchronous copies, filter_async at 8dda639, cut the load to 17,200 but raised
+# the spills). Rows not 16-byte aligned load as shipped.
+_FILTER_LOAD = "#pragma unroll 2\n  for (int c = 0; c < FV; ++c) {\n    const int p0"
+_FILTER_TMA = [
+    Sub(r"(// four candidates' score keys \(bits b, ids d\))", r"""#ifdef __CUDA_ARCH__
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+__device__ __forceinline__ void bar_init(u64* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, completing on bar
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
+  u32 done = 0;
+  while (!done) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  }
+}
+#else  // the CPU runner: the copy lands at the first wait on its barrier (a read before any wait sees the old bytes)
+struct BulkCopy {
+  void* dst;
+  const void* src;
+  u32 bytes;
+};
+inline BulkCopy bulk_pending{nullptr, nullptr, 0};
+inline void bar_init(u64* bar) { *bar = 0; }
+inline void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) { bulk_pending = {dst, src, bytes}; }
+inline void bar_wait(u64* bar, u32 parity) {
+  if (*bar == parity) {
+    std::memcpy(bulk_pending.dst, bulk_pending.src, bulk_pending.bytes);
+    *bar = parity ^ 1u;
+  }
+}
+#endif
+
+\1""", 1),
+    Sub(r"(  __shared__ Smem sm;\n  extern __shared__ u64 fdyn\[\];[^\n]*\n)", r"\1  __shared__ u64 fbar;  // (the bulk copy's mbarrier)\n", 1),
+    Sub(r"(  const int\* irow = ids \+ row \* s_iq;\n)(  if \(tid == 0\) reset_shared\(sm\);\n)(  for \(int i = tid; i < NB; i \+= THREADS\) hist\[i\] = 0;\n)",
+        r"""\1  const bool tma = N > 0 && (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+  if (tid == 0 && tma) {
+    bar_init(&fbar);
+    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+  }
+\2\3""", 1),
+    Sub(re.escape(_FILTER_LOAD), """if (tma) {  // the scores in lk by the bulk copy; the ids by 16-byte loads, four groups at a time
+#pragma unroll 1
+    for (int cb = 0; cb < FV; cb += 4) {
+      int4 idv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        idv[u] = 4 * q4 < N ? __ldg(reinterpret_cast<const int4*>(irow) + q4) : make_int4(-1, -1, -1, -1);
+      }
+      if (cb == 0) bar_wait(&fbar, 0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        const uint4 sv = 4 * q4 < N ? lk4[q4] : make_uint4(0, 0, 0, 0);
+        const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
+        const int d[4] = {idv[u].x, idv[u].y, idv[u].z, idv[u].w};
+        lk4[q4] = put_keys(b, d, hist, nv, ninf, nnan);
+      }
+    }
+  } else
+""" + _FILTER_LOAD, 1),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512, "filter_tma": _FILTER_TMA}
 
 
 def _edit(text: str, edit, what: str) -> str:

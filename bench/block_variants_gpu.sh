@@ -9,6 +9,9 @@
 #   VARIANTS="spread digits11+rank_keys+prefetch+spread" CELLS=few PROFILE= PATHS=staged FUZZ=60 \
 #     TESTS_ON=spread PHASES_OF=spread PHASES_CELLS=16384x1,16384x4,4096x1 bash bench/block_variants_gpu.sh   (the
 #     spread path at 1-4 rows against the Triton staged path; about 3 minutes)
+#   VARIANTS="filter_tma" CELLS=16384x1024,16384x4096,16384x256,9000x1024,12001x1024 PROFILE= FUZZ=20 \
+#     TESTS_ON=filter_tma bash bench/block_variants_gpu.sh   (session 34's next step: the filter kind's scores
+#     by one bulk copy; then python3 bench/block_phases.py --kind filter --module $V/filter_tma.py for its phases)
 # Before a call: every variant passes the CPU runner's tests
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
 set -u

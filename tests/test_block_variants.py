@@ -223,3 +223,42 @@ def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
     with pytest.raises((AssertionError, RuntimeError)):
         for seed in (0, 4):
             check_equal(run(scores, ids, 700, seed=seed), ref_python(scores, ids, 700), f"prefetch slip {slip}")
+
+
+def _filter_tma_module(tmp_path, text=None):
+    path = tmp_path / "filter_tma_x.py"
+    path.write_text(text if text is not None else block_variants.module_text("filter_tma"))
+    return load_module(str(path))
+
+
+def _filter_tma_cases():
+    """Rows of the filter's tile: 16-byte aligned (the bulk copy), a view one column in (the loads as
+    shipped), mass ties, pads, N not a multiple of 4."""
+    view = make_case("ties", 2, 12001, 2048, seed=2)
+    return [(make_case("nandups", 2, 16384, 2048, seed=1), 2048), (make_case("padding", 2, 9000, 700, seed=3), 700),
+            ((view[0][:, 1:], view[1][:, 1:]), 2048), (_mass_tie("nan_pairs", 2, 12000, seed=4), 1111),
+            (make_case("special", 2, 8193, 1, seed=5), 1)]
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_filter_tma_is_exact_on_the_cpu(tmp_path):
+    """Variant ``filter_tma``: the filter kind's scores by one bulk copy (the CPU runner lands it at the
+    first wait on its barrier), its ids by loads; against the packed-key reference, two schedules."""
+    run = BlockOnCpu(_filter_tma_module(tmp_path))
+    for (scores, ids), k in _filter_tma_cases():
+        for seed in (0, 3):
+            got = run(scores, ids, k, seed=seed, n_sm=0)
+            check_equal(got, ref_packed(scores.contiguous(), ids.contiguous(), k), f"filter_tma {tuple(scores.shape)} k={k}")
+    assert {kind for _, kind in run.launched} == {"filter"}
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_a_slip_in_the_filter_tma_fails_on_the_cpu(tmp_path):
+    """The keys read before the bulk copy's wait: they are shared memory's old bytes."""
+    good = "      if (cb == 0) bar_wait(&fbar, 0);\n"
+    text = block_variants.module_text("filter_tma")
+    assert text.count(good) == 1
+    run = BlockOnCpu(_filter_tma_module(tmp_path, text.replace(good, "")))
+    (scores, ids), k = _filter_tma_cases()[0]
+    with pytest.raises((AssertionError, RuntimeError)):
+        check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), "filter_tma slip")
