@@ -83,8 +83,8 @@ END = r"""
 
 
 def stamped_source(tile) -> str:
-    """The row kernel's source for a tile (threads, or (threads, items) where the module's tiles are
-    pairs) with the stamps in."""
+    """The profiled kind's (``KIND``: the row kind, or the filter) source for a tile (threads, or
+    (threads, items) where the module's tiles are pairs) with the stamps in."""
     src = sb.source(tile, KIND)
     head = (f"#define NSTAMP {NS}\n__shared__ long long _ts[NSTAMP];\n"
             "#define STAMP(i) do { if (threadIdx.x == 0) _ts[i] = clock64(); } while (0)\n")

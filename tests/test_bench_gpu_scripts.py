@@ -111,7 +111,7 @@ def test_launch_phases_cut_a_call_after_each_kernel(tmp_path, monkeypatch, varia
     assert launched == [1, 2, 3, 4]  # the call cut after its first, second, third kernel, then whole
 
 
-def test_the_profiled_kernels_take_the_phase_stamps(tmp_path):
+def test_the_profiled_kernels_take_the_phase_stamps(tmp_path, monkeypatch):
     """bench/block_phases.py's stamps find their anchors in the shipped kernel and in the variant the
     GPU script profiles by default, every tile (session 27's default, with rank_keys, missed one:
     found here, not on the device)."""
@@ -119,18 +119,15 @@ def test_the_profiled_kernels_take_the_phase_stamps(tmp_path):
     with open(os.path.join(ROOT, "bench", "block_variants_gpu.sh")) as f:
         profile = re.search(r"PROFILE=\$\{PROFILE-([^}]+)\}", f.read()).group(1)
     shipped = block_phases.sb
-    try:
-        for mod in (shipped, load_module(block_variants.write(profile, str(tmp_path)))):
-            block_phases.sb = mod
-            for t in mod.TILES:
-                src = block_phases.stamped_source(t)
-                assert all(f"STAMP({i});" in src for i in range(len(block_phases.STAMPS) + 1)), (profile, t)
-        block_phases.sb = shipped
-        saved = block_phases.STAMPS, block_phases.KIND
-        block_phases.STAMPS, block_phases.KIND = block_phases.FILTER_STAMPS, "filter"  # (--kind filter)
-        src = block_phases.stamped_source(shipped.FILTER_THREADS)
-        assert all(f"STAMP({i});" in src for i in range(len(block_phases.FILTER_STAMPS) + 1)) and "FI * THREADS" in src
-    finally:
-        block_phases.sb = shipped
-        if "saved" in locals():
-            block_phases.STAMPS, block_phases.KIND = saved
+    for mod in (shipped, load_module(block_variants.write(profile, str(tmp_path)))):
+        monkeypatch.setattr(block_phases, "sb", mod)
+        for t in mod.TILES:
+            src = block_phases.stamped_source(t)
+            assert all(f"STAMP({i});" in src for i in range(len(block_phases.STAMPS) + 1)), (profile, t)
+    # --kind filter: the filter kind's stamps in the shipped module's filter source
+    monkeypatch.setattr(block_phases, "sb", shipped)
+    monkeypatch.setattr(block_phases, "STAMPS", block_phases.FILTER_STAMPS)
+    monkeypatch.setattr(block_phases, "NS", len(block_phases.FILTER_STAMPS) + 1)
+    monkeypatch.setattr(block_phases, "KIND", "filter")
+    src = block_phases.stamped_source(shipped.FILTER_THREADS)
+    assert all(f"STAMP({i});" in src for i in range(len(block_phases.FILTER_STAMPS) + 1)) and "FI * THREADS" in src
