@@ -564,7 +564,7 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
 __device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
   u32 done = 0;
   while (!done) {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+    asm volatile("{\\n .reg .pred p;\\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n selp.u32 %0, 1, 0, p;\\n}"
                  : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
   }
 }

@@ -262,3 +262,32 @@ def test_a_slip_in_the_filter_tma_fails_on_the_cpu(tmp_path):
     (scores, ids), k = _filter_tma_cases()[0]
     with pytest.raises((AssertionError, RuntimeError)):
         check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), "filter_tma slip")
+
+
+def _split_string_literals(src: str) -> list[str]:
+    """The lines of CUDA source ``src`` (comments dropped) on which a string literal is left open."""
+    bad = []
+    for n, line in enumerate(src.splitlines(), 1):
+        code = re.sub(r'\\.', "", line)  # (escapes, \" included, are no quotes)
+        code = re.sub(r'"[^"]*"', "", code)  # (the closed literals)
+        if '"' in code.split("//", 1)[0]:
+            bad.append(f"{n}: {line.strip()}")
+    return bad
+
+
+def test_no_variant_splits_a_string_literal_over_lines(tmp_path):
+    """A ``\\n`` in a variant's replacement text turns into a line break (re.sub reads the escapes), which
+    splits the CUDA source's inline assembly strings. The CPU runner compiles only the ``#else`` side of
+    such code, so this reaches NVRTC on a GPU (session 35's first call failed there); the text is
+    checked here instead, for every kind and tile."""
+    names = list(block_variants.VARIANTS) + _gpu_call_variants()
+    for name in dict.fromkeys(names):
+        mod = load_module(block_variants.write(name, str(tmp_path)))
+        fixed = getattr(mod, "KIND_THREADS", {})
+        for t in mod.TILES:
+            for kind in mod.KINDS:
+                if fixed.get(kind, t) == t:
+                    assert not _split_string_literals(mod.source(t, kind)), (name, t, kind)
+    slip = 'asm("{\n .reg .pred p;\n}" : "=r"(x));'  # (what re.sub made of session 34's text)
+    assert _split_string_literals(slip) == ['1: asm("{', '3: }" : "=r"(x));']
+    assert not _split_string_literals('asm("{\\n .reg .pred p;\\n}" : "=r"(x));  // "a" b"')
