@@ -616,81 +616,12 @@ inline void bar_wait(u64* bar, u32 parity) {
   } else
 """ + _FILTER_LOAD, 1),
 ]
-# Session 35, from Nsight Compute's instruction counts (1024 x 16384 random on an H100: 72,000 warp
-# instructions a row, the SM issuing 2.2 a cycle): the filter kind with fewer instructions.
-# count_all: the load counts every candidate's first digit, a pad's too (key 0: the lowest bin, where the
-# passes after it count only keys in play; session 34 found that harmless), so put_keys has no branch; its
-# atomics took 11 instructions each, their branch's BSSY / BSYNC among them.
-_COUNT_ALL = [
-    Sub(re.escape("""    kk[j] = order_key(b[j], d[j]);
-    if (d[j] >= 0) {
-      ++nv;
-      ninf += kk[j] == KEY_NEGINF;
-      nnan += kk[j] == KEY_NAN;
-      atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);
-    }
-"""), """    kk[j] = order_key(b[j], d[j]);
-    nv += kk[j] != 0u;
-    ninf += kk[j] == KEY_NEGINF;
-    nnan += kk[j] == KEY_NAN;
-    atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);  // (a pad: bin 2047, digit 0)
-""", 1),
-]
-# emit_gather: femit's winner test as one compare with a threshold (lo: the smallest winning key), and
-# where a level-1 bin wins whole (random scores' usual cutoff), the winners' positions compacted to
-# sm.wpos by their bits, then each thread gathers up to WPER winners' keys and ids, all loads at once, in
-# place of a branch a candidate (femit took 14,600 of the 72,000 instructions, cmp_at 3,000 more).
-_EMIT_GATHER = [
-    Sub(re.escape("""      const int cm = x[j] ? cmp_at(x[j], T, sh) : -1;
-      if (cm > 0 || (cm == 0 && all)) win |= 1u << (4 * c + j);
-"""), """      if (x[j] != 0u && (u64)x[j] >= lo) win |= 1u << (4 * c + j);
-""", 1),
-    Sub(re.escape("""  uint4* lk4 = reinterpret_cast<uint4*>(lk);
-  u32 win = 0;
-"""), """  uint4* lk4 = reinterpret_cast<uint4*>(lk);
-  const u64 lo = ((u64)(T >> sh) + (all ? 0u : 1u)) << sh;  // (the smallest winning key; past 32 bits: none)
-  u32 win = 0;
-""", 1),
-    Sub(re.escape("""  u32 umin = 0xFFFFFFFFu;
-#pragma unroll 1
-  for (int cb = 0; cb < FV; cb += 4) {  // four groups of four at a time
-"""), """  u32 umin = 0xFFFFFFFFu;
-  if (lvl == 1 && all) {  // positions by the bits, then keys and ids gathered
-    u32 m = win;
-    for (int s = slot; m != 0u; m &= m - 1u, ++s) {
-      const int b = __ffs(m) - 1;
-      sm.wpos[s] = 4 * ((b >> 2) * THREADS + tid) + (b & 3);
-    }
-    __syncthreads();
-    int pu[WPER], idu[WPER];
-#pragma unroll
-    for (int u = 0; u < WPER; ++u) pu[u] = u * THREADS + tid < total ? sm.wpos[wn + u * THREADS + tid] : -1;
-#pragma unroll
-    for (int u = 0; u < WPER; ++u) idu[u] = pu[u] >= 0 ? __ldg(irow + pu[u]) : 0;
-#pragma unroll
-    for (int u = 0; u < WPER; ++u) {
-      if (pu[u] >= 0) {
-        const u32 sk = lk[pu[u]];
-        sm.wkey[wn + u * THREADS + tid] = ((i64)sk << 31) | (i64)(0x7FFFFFFFu - (u32)idu[u]);
-        umin = min(umin, sk);
-      }
-    }
-  } else {
-#pragma unroll 1
-  for (int cb = 0; cb < FV; cb += 4) {  // four groups of four at a time
-""", 1),
-    Sub(re.escape("""  umin = __reduce_min_sync(FULL, umin);
-  if (lane == 0 && umin != 0xFFFFFFFFu) atomicMin(&sm.ulo, umin);
-  return wn + total;
-"""), """  }
-  umin = __reduce_min_sync(FULL, umin);
-  if (lane == 0 && umin != 0xFFFFFFFFu) atomicMin(&sm.ulo, umin);
-  return wn + total;
-""", 1),
-]
+# Session 35 shipped count_all (put_keys with no branch), emit_gather (level 1's winners compacted by their
+# bits, then gathered) and rank1 (the rank step not unrolled). Together they took 0.87-0.91x the time at
+# 256-4096 rows of 9000-16384 on an H100, 0.99-1.0x on the row kinds; their variant text is at commit 42e46e6.
 # parts_warp: the ordering's three parts' extremes and counts by warp reductions, one lane's atomics a part
 # present in the warp, not every winner's three atomics on one of three addresses (ord:parts, 2,100 cycles
-# of the filter's block; the row kinds run the same code).
+# of the filter's block; the row kinds run the same code). Session 35: 1.00-1.04x the time on an H100, not shipped.
 _PARTS_WARP = [
     Sub(re.escape("""    part[w] = -1;
     if (i < nsel) {
@@ -724,18 +655,9 @@ _PARTS_WARP = [
     }
 """, 1),
 ]
-# rank1: the ordering's rank step not unrolled (its buckets hold 1-4 winners on random scores; unrolled by 4,
-# the loop's entry and remainder took most of the 8,500 instructions a row of its line)
-_RANK1 = [Sub(re.escape("""      int r = 0;
-      for (int t = o; t < end; ++t) {
-"""), """      int r = 0;
-#pragma unroll 1
-      for (int t = o; t < end; ++t) {
-""", 1)]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512, "filter_tma": _FILTER_TMA,
-            "count_all": _COUNT_ALL, "emit_gather": _EMIT_GATHER,
-            "parts_warp": _PARTS_WARP, "rank1": _RANK1}
+            "parts_warp": _PARTS_WARP}
 
 
 def _edit(text: str, edit, what: str) -> str:

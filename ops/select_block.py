@@ -443,6 +443,7 @@ __device__ void order_winners(Smem& sm, u64* dyn, int nsel, const int* __restric
       i64 kk = sm.wkey[i];
       int pp = sm.wpos[i];
       int r = 0;
+#pragma unroll 1
       for (int t = o; t < end; ++t) {
         int j = sm.mem[t];
         i64 kj = sm.wkey[j];
@@ -702,19 +703,19 @@ FILTER_KERNEL = r"""
 #define FV (FI / 4)
 static_assert(THREADS == 512 && FI * THREADS == 16384, "the filter kind: 512 threads of 32 candidates");
 
-// four candidates' score keys (bits b, ids d), counted (valid, -inf, NaN) and their first 11-bit digit into hist
+// four candidates' score keys (bits b, ids d), counted (valid, -inf, NaN) and their first 11-bit digit into hist,
+// a pad's too (key 0: digit 0, the lowest bin; the passes after the first count only keys in play, and the
+// -inf cutoff is decided from the counts), so that no branch surrounds the atomics
 __device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist, int& nv, int& ninf,
                                           int& nnan) {
   u32 kk[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     kk[j] = order_key(b[j], d[j]);
-    if (d[j] >= 0) {
-      ++nv;
-      ninf += kk[j] == KEY_NEGINF;
-      nnan += kk[j] == KEY_NAN;
-      atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);
-    }
+    nv += kk[j] != 0u;
+    ninf += kk[j] == KEY_NEGINF;
+    nnan += kk[j] == KEY_NAN;
+    atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);  // (a pad: bin 2047, digit 0)
   }
   return make_uint4(kk[0], kk[1], kk[2], kk[3]);
 }
@@ -788,13 +789,16 @@ __device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& s
 // those in it where all of it wins (all). Where not all (the exact key T ties: sh == 0), the keys equal to T
 // become the next level's (after level 1: 0x80000000 | inverted id; after level 2: 0x80000000 | inverted
 // position) and every other key 0. A winner's packed key: level 1, its score key above its inverted id (read
-// again: a group of four's ids in one load where it holds a winner or a tie, four groups' loads at once); level
-// 2, t1 (level 1's key) above its inverted id; level 3, t1 above i2 (level 2's). Returns wn plus the level's
-// winners.
+// again); level 2, t1 (level 1's key) above its inverted id; level 3, t1 above i2 (level 2's). Where all of
+// level 1's bin wins (random scores' usual cutoff), each thread writes its winners' positions by their bits,
+// then gathers up to WPER winners' keys and ids, its loads all issued at once (session 35: 0.90-0.92x the
+// time of a branch a candidate); otherwise a group of four's ids come in one load where it holds a winner or
+// a tie, four groups' loads at once. Returns wn plus the level's winners.
 __device__ int femit(u32* lk, int lvl, u32 T, int sh, bool all, u32 t1, u32 i2, int wn, const int* irow, int N,
                      bool vec, Smem& sm) {
   const int tid = threadIdx.x, lane = tid & 31;
   uint4* lk4 = reinterpret_cast<uint4*>(lk);
+  const u64 lo = ((u64)(T >> sh) + (all ? 0u : 1u)) << sh;  // (the smallest winning key; past 32 bits: none)
   u32 win = 0;
 #pragma unroll
   for (int c = 0; c < FV; ++c) {
@@ -802,62 +806,83 @@ __device__ int femit(u32* lk, int lvl, u32 T, int sh, bool all, u32 t1, u32 i2, 
     const u32 x[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int cm = x[j] ? cmp_at(x[j], T, sh) : -1;
-      if (cm > 0 || (cm == 0 && all)) win |= 1u << (4 * c + j);
+      if (x[j] != 0u && (u64)x[j] >= lo) win |= 1u << (4 * c + j);
     }
   }
   int total;
   int slot = wn + block_scan<THREADS>(__popc(win), sm.wtot, total);
   u32 umin = 0xFFFFFFFFu;
-#pragma unroll 1
-  for (int cb = 0; cb < FV; cb += 4) {  // four groups of four at a time
-    if (all && ((win >> (4 * cb)) & 0xFFFFu) == 0) continue;
-    u32 x[4][4];
-    int4 idv[4];
+  if (lvl == 1 && all) {  // the winners' positions by their bits, then their keys and ids gathered
+    u32 m = win;
+    for (int s = slot; m != 0u; m &= m - 1u, ++s) {
+      const int b = __ffs(m) - 1;
+      sm.wpos[s] = 4 * ((b >> 2) * THREADS + tid) + (b & 3);
+    }
+    __syncthreads();
+    int pu[WPER], idu[WPER];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int q4 = (cb + u) * THREADS + tid;
-      const uint4 v = lk4[q4];
-      x[u][0] = v.x;
-      x[u][1] = v.y;
-      x[u][2] = v.z;
-      x[u][3] = v.w;
-      bool need = lvl == 1 && ((win >> (4 * (cb + u))) & 15u) != 0;
+    for (int u = 0; u < WPER; ++u) pu[u] = u * THREADS + tid < total ? sm.wpos[wn + u * THREADS + tid] : -1;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) need |= lvl == 1 && !all && x[u][j] != 0 && x[u][j] == T;
-      idv[u] = make_int4(-1, -1, -1, -1);
-      if (need) {
-        if (vec) {
-          idv[u] = __ldg(reinterpret_cast<const int4*>(irow) + q4);
-        } else {
-          idv[u].x = 4 * q4 < N ? __ldg(irow + 4 * q4) : -1;
-          idv[u].y = 4 * q4 + 1 < N ? __ldg(irow + 4 * q4 + 1) : -1;
-          idv[u].z = 4 * q4 + 2 < N ? __ldg(irow + 4 * q4 + 2) : -1;
-          idv[u].w = 4 * q4 + 3 < N ? __ldg(irow + 4 * q4 + 3) : -1;
-        }
+    for (int u = 0; u < WPER; ++u) idu[u] = pu[u] >= 0 ? __ldg(irow + pu[u]) : 0;
+#pragma unroll
+    for (int u = 0; u < WPER; ++u) {
+      if (pu[u] >= 0) {
+        const u32 sk = lk[pu[u]];
+        sm.wkey[wn + u * THREADS + tid] = ((i64)sk << 31) | (i64)(0x7FFFFFFFu - (u32)idu[u]);
+        umin = min(umin, sk);
       }
     }
+  } else {
+#pragma unroll 1
+    for (int cb = 0; cb < FV; cb += 4) {  // four groups of four at a time
+      if (all && ((win >> (4 * cb)) & 0xFFFFu) == 0) continue;
+      u32 x[4][4];
+      int4 idv[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int c = cb + u;
-      const int idj[4] = {idv[u].x, idv[u].y, idv[u].z, idv[u].w};
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        const uint4 v = lk4[q4];
+        x[u][0] = v.x;
+        x[u][1] = v.y;
+        x[u][2] = v.z;
+        x[u][3] = v.w;
+        bool need = lvl == 1 && ((win >> (4 * (cb + u))) & 15u) != 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int p = 4 * (c * THREADS + tid) + j;
-        if ((win >> (4 * c + j)) & 1u) {
-          const u32 sk = lvl == 1 ? x[u][j] : t1;
-          const u32 iv = lvl == 1 ? 0x7FFFFFFFu - (u32)idj[j] : (lvl == 2 ? (x[u][j] & 0x7FFFFFFFu) : i2);
-          sm.wkey[slot] = ((i64)sk << 31) | (i64)iv;
-          sm.wpos[slot] = p;
-          ++slot;
-          umin = min(umin, sk);
-        }
-        if (!all) {
-          const bool tie = x[u][j] != 0 && x[u][j] == T;
-          x[u][j] = !tie ? 0u : 0x80000000u | (0x7FFFFFFFu - (lvl == 1 ? (u32)idj[j] : (u32)p));
+        for (int j = 0; j < 4; ++j) need |= lvl == 1 && !all && x[u][j] != 0 && x[u][j] == T;
+        idv[u] = make_int4(-1, -1, -1, -1);
+        if (need) {
+          if (vec) {
+            idv[u] = __ldg(reinterpret_cast<const int4*>(irow) + q4);
+          } else {
+            idv[u].x = 4 * q4 < N ? __ldg(irow + 4 * q4) : -1;
+            idv[u].y = 4 * q4 + 1 < N ? __ldg(irow + 4 * q4 + 1) : -1;
+            idv[u].z = 4 * q4 + 2 < N ? __ldg(irow + 4 * q4 + 2) : -1;
+            idv[u].w = 4 * q4 + 3 < N ? __ldg(irow + 4 * q4 + 3) : -1;
+          }
         }
       }
-      if (!all) lk4[c * THREADS + tid] = make_uint4(x[u][0], x[u][1], x[u][2], x[u][3]);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = cb + u;
+        const int idj[4] = {idv[u].x, idv[u].y, idv[u].z, idv[u].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int p = 4 * (c * THREADS + tid) + j;
+          if ((win >> (4 * c + j)) & 1u) {
+            const u32 sk = lvl == 1 ? x[u][j] : t1;
+            const u32 iv = lvl == 1 ? 0x7FFFFFFFu - (u32)idj[j] : (lvl == 2 ? (x[u][j] & 0x7FFFFFFFu) : i2);
+            sm.wkey[slot] = ((i64)sk << 31) | (i64)iv;
+            sm.wpos[slot] = p;
+            ++slot;
+            umin = min(umin, sk);
+          }
+          if (!all) {
+            const bool tie = x[u][j] != 0 && x[u][j] == T;
+            x[u][j] = !tie ? 0u : 0x80000000u | (0x7FFFFFFFu - (lvl == 1 ? (u32)idj[j] : (u32)p));
+          }
+        }
+        if (!all) lk4[c * THREADS + tid] = make_uint4(x[u][0], x[u][1], x[u][2], x[u][3]);
+      }
     }
   }
   umin = __reduce_min_sync(FULL, umin);

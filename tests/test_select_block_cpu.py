@@ -447,7 +447,13 @@ def test_filter_fuzzed_cases(on_cpu, filt):
 # a slip in the filter kind, and what it does here
 FILTER_BROKEN = {
     # the level's bin not taken where all of it wins: winners missing
-    "all of the bin": ("if (cm > 0 || (cm == 0 && all)) win |=", "if (cm > 0) win |="),
+    "all of the bin": ("(u64)(T >> sh) + (all ? 0u : 1u)", "(u64)(T >> sh) + 1u"),
+    # the winners' gather before every thread's positions are written (session 35's gather): keys and ids
+    # read from slots not yet filled
+    "gather early": ("      sm.wpos[s] = 4 * ((b >> 2) * THREADS + tid) + (b & 3);\n    }\n    __syncthreads();\n",
+                     "      sm.wpos[s] = 4 * ((b >> 2) * THREADS + tid) + (b & 3);\n    }\n"),
+    # a winner's id gathered from its group's first candidate: ids and their order wrong
+    "gather id": ("__ldg(irow + pu[u])", "__ldg(irow + (pu[u] & ~3))"),
     # level 3 keyed by the id again, not the position: duplicate ids at the cutoff tie in any order
     "level 3 key": ("(0x7FFFFFFFu - (lvl == 1 ? (u32)idj[j] : (u32)p))", "(0x7FFFFFFFu - (u32)idj[j])"),
     # the bin test one short: the cutoff's bin missed where the wanted count ends a thread's bins
