@@ -544,7 +544,8 @@ _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024
 # the spills). Rows not 16-byte aligned load as shipped.
 _FILTER_LOAD = "#pragma unroll 2\n  for (int c = 0; c < FV; ++c) {\n    const int p0"
 _FILTER_TMA = [
-    Sub(r"(// four candidates' score keys \(bits b, ids d\))", r"""#ifdef __CUDA_ARCH__
+    Sub(r"(// four candidates' score keys \(bits b, ids d\))", r"""#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (the bulk copy engine: sm_90 on)
+#define FILTER_TMA 1
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   u64 a;
   asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
@@ -568,7 +569,13 @@ __device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
                  : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
   }
 }
+#elif defined(__CUDA_ARCH__)  // (before sm_90 the threads load the scores too: never called)
+#define FILTER_TMA 0
+__device__ __forceinline__ void bar_init(u64*) {}
+__device__ __forceinline__ void bulk_copy(void*, const void*, u32, u64*) {}
+__device__ __forceinline__ void bar_wait(u64*, u32) {}
 #else  // the CPU runner: the copy lands at the first wait on its barrier (a read before any wait sees the old bytes)
+#define FILTER_TMA 1
 struct BulkCopy {
   void* dst;
   const void* src;
@@ -588,7 +595,7 @@ inline void bar_wait(u64* bar, u32 parity) {
 \1""", 1),
     Sub(r"(  __shared__ Smem sm;\n  extern __shared__ u64 fdyn\[\];[^\n]*\n)", r"\1  __shared__ u64 fbar;  // (the bulk copy's mbarrier)\n", 1),
     Sub(r"(  const int\* irow = ids \+ row \* s_iq;\n)(  if \(tid == 0\) reset_shared\(sm\);\n)(  for \(int i = tid; i < NB; i \+= THREADS\) hist\[i\] = 0;\n)",
-        r"""\1  const bool tma = N > 0 && (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+        r"""\1  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
   if (tid == 0 && tma) {
     bar_init(&fbar);
     bulk_copy(lk, srow, 4u * (u32)N, &fbar);
