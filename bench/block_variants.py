@@ -662,9 +662,98 @@ _PARTS_WARP = [
     }
 """, 1),
 ]
+# tma_ids (filter_tma's edits, then these): the ids by bulk copies too, a group's 2,048 (8 KB) a stage
+# through a ring of two slots in sm.wkey's space (free until level 1's winners), so no thread loads from
+# global memory during the load; a barrier a stage frees its slot for the stage after next. Untimed.
+_TMA_IDS = [
+    Sub(re.escape("""inline BulkCopy bulk_pending{nullptr, nullptr, 0};
+inline void bar_init(u64* bar) { *bar = 0; }
+inline void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) { bulk_pending = {dst, src, bytes}; }
+inline void bar_wait(u64* bar, u32 parity) {
+  if (*bar == parity) {
+    std::memcpy(bulk_pending.dst, bulk_pending.src, bulk_pending.bytes);
+    *bar = parity ^ 1u;
+  }
+}
+"""), """// (a barrier's copy in flight: the entry whose slot holds the barrier; static, so that the tables of two
+// variants' libraries loaded in one process stay apart)
+static BulkCopy bulk_pending[4];
+static u64* bulk_bar[4];
+inline int bulk_entry(u64* bar) {
+  for (int e = 0; e < 4; ++e)
+    if (bulk_bar[e] == bar) return e;
+  for (int e = 0; e < 4; ++e)
+    if (bulk_bar[e] == nullptr) return e;
+  return 0;
+}
+inline void bar_init(u64* bar) {
+  *bar = 0;
+  for (int e = 0; e < 4; ++e)
+    if (bulk_bar[e] == bar) bulk_bar[e] = nullptr;
+}
+inline void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+  const int e = bulk_entry(bar);
+  bulk_bar[e] = bar;
+  bulk_pending[e] = {dst, src, bytes};
+}
+inline void bar_wait(u64* bar, u32 parity) {
+  if (*bar == parity) {
+    const int e = bulk_entry(bar);
+    std::memcpy(bulk_pending[e].dst, bulk_pending[e].src, bulk_pending[e].bytes);
+    bulk_bar[e] = nullptr;
+    *bar = parity ^ 1u;
+  }
+}
+""", 1),
+    Sub(re.escape("  __shared__ u64 fbar;  // (the bulk copy's mbarrier)\n"),
+        "  __shared__ u64 fbar;  // (the bulk copies' mbarriers: the scores; the ids' two ring slots)\n"
+        "  __shared__ u64 ibar[2];\n", 1),
+    Sub(re.escape("  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)\n"),
+        """  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)
+  int* ring = reinterpret_cast<int*>(sm.wkey);  // (the ids' two stages of IDS_STAGE during the load)
+""", 1),
+    Sub(re.escape("""  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+  if (tid == 0 && tma) {
+    bar_init(&fbar);
+    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+  }
+"""), """  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 &&
+                  ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow) | reinterpret_cast<u64>(ring)) & 15) == 0;
+  if (tid == 0 && tma) {
+    bar_init(&fbar);
+    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+    for (int s = 0; s < 2; ++s) {
+      bar_init(&ibar[s]);
+      const int n = min(IDS_STAGE, N - s * IDS_STAGE);
+      if (n > 0) bulk_copy(ring + s * IDS_STAGE, irow + s * IDS_STAGE, 4u * (u32)n, &ibar[s]);
+    }
+  }
+""", 1),
+    ("if (tma) {  // the scores in lk by the bulk copy", "  } else\n", """if (tma) {  // the scores in lk and the ids through the ring by bulk copies
+    bar_wait(&fbar, 0);
+#pragma unroll 1
+    for (int c = 0; c < FV; ++c) {
+      const int s = c & 1, q4 = c * THREADS + tid;
+      if (c * IDS_STAGE < N) bar_wait(&ibar[s], (u32)(c >> 1) & 1u);
+      const bool in = 4 * q4 < N;
+      const uint4 sv = in ? lk4[q4] : make_uint4(0, 0, 0, 0);
+      const int4 iv = in ? reinterpret_cast<const int4*>(ring + s * IDS_STAGE)[tid] : make_int4(-1, -1, -1, -1);
+      const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
+      const int d[4] = {iv.x, iv.y, iv.z, iv.w};
+      lk4[q4] = put_keys(b, d, hist, nv, ninf, nnan);
+      __syncthreads();  // (every thread has read the slot: it takes the stage after next)
+      if (tid == 0 && (c + 2) * IDS_STAGE < N) {
+        const int n = min(IDS_STAGE, N - (c + 2) * IDS_STAGE);
+        bulk_copy(ring + s * IDS_STAGE, irow + (c + 2) * IDS_STAGE, 4u * (u32)n, &ibar[s]);
+      }
+    }
+  } else
+"""),
+    Sub(re.escape("#define FV (FI / 4)\n"), "#define FV (FI / 4)\n#define IDS_STAGE (4 * THREADS)  // (tma_ids: a group's ids, 8 KB, a stage of the ring)\n", 1),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512, "filter_tma": _FILTER_TMA,
-            "parts_warp": _PARTS_WARP}
+            "parts_warp": _PARTS_WARP, "tma_ids": _FILTER_TMA + _TMA_IDS}
 
 
 def _edit(text: str, edit, what: str) -> str:

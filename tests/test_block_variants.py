@@ -225,9 +225,9 @@ def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
             check_equal(run(scores, ids, 700, seed=seed), ref_python(scores, ids, 700), f"prefetch slip {slip}")
 
 
-def _filter_tma_module(tmp_path, text=None):
+def _filter_tma_module(tmp_path, text=None, name="filter_tma"):
     path = tmp_path / "filter_tma_x.py"
-    path.write_text(text if text is not None else block_variants.module_text("filter_tma"))
+    path.write_text(text if text is not None else block_variants.module_text(name))
     return load_module(str(path))
 
 
@@ -241,27 +241,40 @@ def _filter_tma_cases():
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-def test_filter_tma_is_exact_on_the_cpu(tmp_path):
-    """Variant ``filter_tma``: the filter kind's scores by one bulk copy (the CPU runner lands it at the
-    first wait on its barrier), its ids by loads; against the packed-key reference, two schedules."""
-    run = BlockOnCpu(_filter_tma_module(tmp_path))
+@pytest.mark.parametrize("name", ["filter_tma", "tma_ids"])
+def test_filter_tma_is_exact_on_the_cpu(tmp_path, name):
+    """Variant ``filter_tma``: the filter kind's scores by one bulk copy (the CPU runner lands a copy at
+    the first wait on its barrier), its ids by loads; with ``tma_ids`` the ids too, by bulk copies through
+    a ring of two stages; against the packed-key reference, two schedules."""
+    run = BlockOnCpu(_filter_tma_module(tmp_path, name=name))
     for (scores, ids), k in _filter_tma_cases():
         for seed in (0, 3):
             got = run(scores, ids, k, seed=seed, n_sm=0)
-            check_equal(got, ref_packed(scores.contiguous(), ids.contiguous(), k), f"filter_tma {tuple(scores.shape)} k={k}")
+            check_equal(got, ref_packed(scores.contiguous(), ids.contiguous(), k), f"{name} {tuple(scores.shape)} k={k}")
     assert {kind for _, kind in run.launched} == {"filter"}
 
 
+# a slip in a bulk-copy variant: (variant, the good text, the slip's)
+TMA_SLIPS = {
+    # the keys read before the scores' wait: shared memory's old bytes
+    "scores' wait": ("filter_tma", "      if (cb == 0) bar_wait(&fbar, 0);\n", ""),
+    # the ids read before their stage's wait: the ring's old bytes
+    "ids' wait": ("tma_ids", "      if (c * IDS_STAGE < N) bar_wait(&ibar[s], (u32)(c >> 1) & 1u);\n", ""),
+    # a slot refilled before every thread has read it: some threads read the stage after next
+    "slot freed early": ("tma_ids", "      __syncthreads();  // (every thread has read the slot", "      // ("),
+}
+
+
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-def test_a_slip_in_the_filter_tma_fails_on_the_cpu(tmp_path):
-    """The keys read before the bulk copy's wait: they are shared memory's old bytes."""
-    good = "      if (cb == 0) bar_wait(&fbar, 0);\n"
-    text = block_variants.module_text("filter_tma")
+@pytest.mark.parametrize("slip", list(TMA_SLIPS))
+def test_a_slip_in_the_filter_tma_fails_on_the_cpu(tmp_path, slip):
+    name, good, bad = TMA_SLIPS[slip]
+    text = block_variants.module_text(name)
     assert text.count(good) == 1
-    run = BlockOnCpu(_filter_tma_module(tmp_path, text.replace(good, "")))
+    run = BlockOnCpu(_filter_tma_module(tmp_path, text.replace(good, bad)))
     (scores, ids), k = _filter_tma_cases()[0]
     with pytest.raises((AssertionError, RuntimeError)):
-        check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), "filter_tma slip")
+        check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), f"{name} slip {slip}")
 
 
 def _split_string_literals(src: str) -> list[str]:
