@@ -7,6 +7,7 @@ Compute on a GPU host).
     ncu -i row.ncu-rep --page details --csv > row_details.csv
     python3 bench/ncu_row_kernel.py summary row_src.csv [--details row_details.csv] [--top 25]   # any machine
     python3 bench/ncu_row_kernel.py diff random_src.csv short_src.csv [--top 30]   # where short's extra goes
+    python3 bench/ncu_row_kernel.py functions blk_src.csv[.gz] --source /tmp/block.cu [--rows 1024]   # by function
 
 ``run`` calls the production kernel (``triton_ordered_select``, N = 16384, k = 2048) twice, so
 the profiled launch is a compiled one. ``summary`` adds up ncu's warp-state samples by source
@@ -25,6 +26,8 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import gzip
+import re
 import sys
 
 
@@ -107,6 +110,40 @@ def summary(path: str, top: int) -> None:
         print(f"{100 * n / total:5.1f}% {f}:{ln}  {text}  [{why}]")
 
 
+def functions(path: str, source: str, rows: int) -> None:
+    """ncu's instructions executed and warp samples, summed by the function whose definition the
+    source line follows in ``source`` (the kernel's saved text, ``run --block-source``), a row's share
+    too (``rows``: the launch's rows)."""
+    defs = []
+    with open(source) as f:
+        text = f.read().splitlines()
+    for n, line in enumerate(text, 1):
+        if re.match(r'(?:extern "C"\s+)?__(?:device|global)__\b', line):  # (its name: here, or the next line's)
+            names = [x for x in re.findall(r"(\w+)\s*\(", line + " " + (text[n] if n < len(text) else ""))
+                     if x != "__launch_bounds__"]
+            defs.append((n, names[0] if names else f"(the function at line {n})"))
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        rows_csv = list(csv.reader(f))
+    hdr, per = None, collections.defaultdict(lambda: [0, 0])
+    for r in rows_csv:
+        if r and r[0] == "Line No":
+            hdr = r
+        elif hdr and r and r[0].isdigit():
+            d = dict(zip(hdr, r))
+            line = int(r[0])
+            name = next((fn for n, fn in reversed(defs) if n <= line), "(before any function)")
+            for i, col in enumerate(("Warp Stall Sampling (All Samples)", "Instructions Executed")):
+                try:
+                    per[name][i] += int(d.get(col, "0").replace(",", ""))
+                except ValueError:
+                    pass
+    samples = sum(v[0] for v in per.values()) or 1
+    instr = sum(v[1] for v in per.values()) or 1
+    print(f"{instr} warp instructions, {instr / rows:.0f} a row; {samples} samples")
+    for name, (n, i) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        print(f"{name:28} instructions {100 * i / instr:5.1f}% {i / rows:8.0f} a row   samples {100 * n / samples:5.1f}%")
+
+
 def diff(base: str, other: str, top: int) -> None:
     """The source lines whose samples grew most from one profile to another (the same kernel on
     two inputs, say random scores and a mass tie: where the second's extra time goes)."""
@@ -139,11 +176,17 @@ def main(argv=None) -> int:
     d.add_argument("base_csv")
     d.add_argument("other_csv")
     d.add_argument("--top", type=int, default=30)
+    fn = sub.add_parser("functions")
+    fn.add_argument("csv")
+    fn.add_argument("--source", required=True, help="the kernel's source as run --block-source saved it")
+    fn.add_argument("--rows", type=int, default=1024, help="the launch's rows (a row's share)")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         run(a.q, a.pattern, a.n, a.k, a.block_source)
     elif a.cmd == "diff":
         diff(a.base_csv, a.other_csv, a.top)
+    elif a.cmd == "functions":
+        functions(a.csv, a.source, a.rows)
     else:
         if a.details:
             details(a.details)

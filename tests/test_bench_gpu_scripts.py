@@ -131,3 +131,30 @@ def test_the_profiled_kernels_take_the_phase_stamps(tmp_path, monkeypatch):
     monkeypatch.setattr(block_phases, "KIND", "filter")
     src = block_phases.stamped_source(shipped.FILTER_THREADS)
     assert all(f"STAMP({i});" in src for i in range(len(block_phases.FILTER_STAMPS) + 1)) and "FI * THREADS" in src
+
+
+def test_ncu_functions_sums_each_line_under_the_function_it_follows(tmp_path, capsys):
+    """bench/ncu_row_kernel.py functions: a source line's instructions and samples go to the last
+    function defined before it (the kernel's own lines under the kernel's name, not its
+    __launch_bounds__), from a plain or gzipped CSV of ncu's source page."""
+    import gzip
+
+    import ncu_row_kernel
+
+    src = tmp_path / "block.cu"
+    src.write_text('__device__ int twice(int x) {\n  return 2 * x;\n}\n'
+                   'extern "C" __global__ void __launch_bounds__(512, 2)\nk(int* p) {\n  p[0] = twice(p[0]);\n}\n')
+    head = ["Line No", "Source", "Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]
+    lines = [head, ["2", "return 2 * x;", "-", "-", "30", "1,000"], ["", "", "0x10", "IMAD", "30", "1000"],
+             ["6", "p[0] = twice(p[0]);", "-", "-", "10", "3000"]]
+    text = "\n".join(",".join(f'"{c}"' for c in r) for r in [["File Path", "/tmp/block.cu"]] + lines) + "\n"
+    (tmp_path / "s.csv").write_text(text)
+    with gzip.open(tmp_path / "s.csv.gz", "wt") as f:
+        f.write(text)
+    for name in ("s.csv", "s.csv.gz"):
+        ncu_row_kernel.functions(str(tmp_path / name), str(src), rows=10)
+        out = capsys.readouterr().out.splitlines()
+        assert out[0] == "4000 warp instructions, 400 a row; 40 samples"
+        assert out[1].split()[:4] == ["k", "instructions", "75.0%", "300"]
+        assert out[2].split()[:4] == ["twice", "instructions", "25.0%", "100"]
+        assert out[2].split()[-1] == "75.0%"

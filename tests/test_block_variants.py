@@ -110,6 +110,18 @@ def test_combined_variant_is_exact_on_the_cpu(tmp_path):
     assert sorted(set(run.launched)) == [(256, "merge"), (256, "row"), (1024, "chunks"), (1024, "row")]
 
 
+def _variant_module(tmp_path, name: str, slip: tuple[str, str] | None = None):
+    """Variant ``name``'s module, loaded; with ``slip`` (good, bad): that text, found once, replaced."""
+    text = block_variants.module_text(name)
+    if slip is not None:
+        good, bad = slip
+        assert text.count(good) == 1, f"{name}: the slip's text is not found once"
+        text = text.replace(good, bad)
+    path = tmp_path / f"{name}{'_slip' if slip else ''}.py"
+    path.write_text(text)
+    return load_module(str(path))
+
+
 # a slip planted in a variant's own code (the shipped kernel's slips: test_select_block_cpu.py),
 # and a case it breaks: the CPU runner's check fails, so the variants do not pass by default
 SLIPS = {
@@ -126,11 +138,7 @@ SLIPS = {
 @pytest.mark.parametrize("variant", list(SLIPS))
 def test_a_slip_in_a_variant_fails_on_the_cpu(tmp_path, variant):
     good, bad, kind = SLIPS[variant]
-    text = block_variants.module_text(variant)
-    assert text.count(good) == 1
-    path = tmp_path / f"{variant}_slip.py"
-    path.write_text(text.replace(good, bad))
-    run = BlockOnCpu(load_module(str(path)))
+    run = BlockOnCpu(_variant_module(tmp_path, variant, (good, bad)))
     scores, ids = make_case(kind, 2, 3000, 700, seed=8)
     with pytest.raises((AssertionError, RuntimeError)):
         check_equal(run(scores, ids, 700, seed=2), ref_python(scores, ids, 700), f"{variant} slip")
@@ -169,13 +177,11 @@ def test_every_path_of_the_all_nvrtc_combination_is_exact_on_the_cpu(tmp_path):
                                                   "chunks_gated", "merge_gated"}
 
 
-def _prefetch_module(tmp_path, text=None):
+def _prefetch_module(tmp_path, slip=None):
     """Variant ``prefetch`` with every tile prefetching and 2 blocks a launch, so that a block
     selects several rows and the small tiles run the loop too (on a GPU: the 1024 tile, a block
     an SM)."""
-    path = tmp_path / "prefetch_x.py"
-    path.write_text(text if text is not None else block_variants.module_text("prefetch"))
-    mod = load_module(str(path))
+    mod = _variant_module(tmp_path, "prefetch", slip)
     mod.PREFETCH_TILES, mod.PREFETCH_BLOCKS = tuple(mod.TILES), 2
     return mod
 
@@ -215,20 +221,11 @@ PREFETCH_SLIPS = {
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 @pytest.mark.parametrize("slip", list(PREFETCH_SLIPS))
 def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
-    good, bad = PREFETCH_SLIPS[slip]
-    text = block_variants.module_text("prefetch")
-    assert text.count(good) == 1
-    run = BlockOnCpu(_prefetch_module(tmp_path, text.replace(good, bad)))
+    run = BlockOnCpu(_prefetch_module(tmp_path, PREFETCH_SLIPS[slip]))
     scores, ids = make_case("random", 3, 3000, 700, seed=8)
     with pytest.raises((AssertionError, RuntimeError)):
         for seed in (0, 4):
             check_equal(run(scores, ids, 700, seed=seed), ref_python(scores, ids, 700), f"prefetch slip {slip}")
-
-
-def _filter_tma_module(tmp_path, text=None, name="filter_tma"):
-    path = tmp_path / "filter_tma_x.py"
-    path.write_text(text if text is not None else block_variants.module_text(name))
-    return load_module(str(path))
 
 
 def _filter_tma_cases():
@@ -246,7 +243,7 @@ def test_filter_tma_is_exact_on_the_cpu(tmp_path, name):
     """Variant ``filter_tma``: the filter kind's scores by one bulk copy (the CPU runner lands a copy at
     the first wait on its barrier), its ids by loads; with ``tma_ids`` the ids too, by bulk copies through
     a ring of two stages; against the packed-key reference, two schedules."""
-    run = BlockOnCpu(_filter_tma_module(tmp_path, name=name))
+    run = BlockOnCpu(_variant_module(tmp_path, name))
     for (scores, ids), k in _filter_tma_cases():
         for seed in (0, 3):
             got = run(scores, ids, k, seed=seed, n_sm=0)
@@ -269,9 +266,7 @@ TMA_SLIPS = {
 @pytest.mark.parametrize("slip", list(TMA_SLIPS))
 def test_a_slip_in_the_filter_tma_fails_on_the_cpu(tmp_path, slip):
     name, good, bad = TMA_SLIPS[slip]
-    text = block_variants.module_text(name)
-    assert text.count(good) == 1
-    run = BlockOnCpu(_filter_tma_module(tmp_path, text.replace(good, bad)))
+    run = BlockOnCpu(_variant_module(tmp_path, name, (good, bad)))
     (scores, ids), k = _filter_tma_cases()[0]
     with pytest.raises((AssertionError, RuntimeError)):
         check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), f"{name} slip {slip}")
