@@ -751,9 +751,245 @@ inline void bar_wait(u64* bar, u32 parity) {
 """),
     Sub(re.escape("#define FV (FI / 4)\n"), "#define FV (FI / 4)\n#define IDS_STAGE (4 * THREADS)  // (tma_ids: a group's ids, 8 KB, a stage of the ring)\n", 1),
 ]
+def _lit(old: str, new: str, count: int = 1) -> Sub:
+    """A Sub of ``old``'s exact text by ``new``'s, both literal (no pattern, no escapes in ``new``)."""
+    return Sub(re.escape(old), new.replace("\\", "\\\\"), count)
+
+
+# count_nan (session 36): the filter's load counts only the NaN a candidate; the valid and -inf counts come
+# from the first digit's bins once the row is counted (digit 0 holds the invalid keys, 0, and NaN's, 1; digit
+# 3 holds only -inf's 0x007fffff, and digits 1-2 none). Two compares and two adds a candidate fewer.
+_COUNT_NAN = [
+    _lit("""    nv += kk[j] != 0u;
+    ninf += kk[j] == KEY_NEGINF;
+    nnan += kk[j] == KEY_NAN;
+""", """    nnan += kk[j] == KEY_NAN;  // (count_nan: the valid and -inf counts from the first digit's bins)
+"""),
+    _lit("""    lk4[c * THREADS + tid] = put_keys(b, d, hist, nv, ninf, nnan);
+  }
+  add_counts(nv, ninf, nnan, sm);
+  const int nvalid = sm.nvalid;
+  const int nsel = min(K, nvalid);
+  if (nsel > 0 && nsel == nvalid) {  // every valid candidate wins
+    femit(""", """    lk4[c * THREADS + tid] = put_keys(b, d, hist, nv, ninf, nnan);
+  }
+  nnan = __reduce_add_sync(FULL, nnan);
+  if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
+  __syncthreads();
+  // the first digit's bins (hist[2047 - digit]): digit 0 the invalid keys and NaN's, digit 3 -inf's alone
+  nnan = sm.nnan;
+  ninf = hist[2047 - 3];
+  const int nvalid = FI * THREADS - hist[2047] + nnan;
+  const int nsel = min(K, nvalid);
+  if (nsel > 0 && nsel == nvalid) {  // every valid candidate wins
+    femit("""),
+    Sub(r"(    femit\(lk, 1, 0u, 0, true[^\n]*\n  \} else if \(nsel > 0\) \{\n    u32 T1, T2, T3;\n    int sh, ab, eq[^\n]*\n)"
+        r"    const int over = nvalid - sm\.ninf - sm\.nnan;  // above -inf\n"
+        r"    if \(over < nsel && nsel <= over \+ sm\.ninf\) \{([^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n)      eq = sm\.ninf;\n",
+        r"""\1    const int over = nvalid - ninf - nnan;  // above -inf
+    if (over < nsel && nsel <= over + ninf) {\2      eq = ninf;
+""", 1),
+    # (with no winner nothing else orders a thread's reading of the counts before another's zeroing)
+    _lit("""  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;  // (the ordering counts its buckets from 0)
+  __syncthreads();
+  if (nsel > 0) order_winners(sm, fdyn, nsel, irow);
+""", """  if (nsel > 0) {
+    for (int i = tid; i < NB; i += THREADS) hist[i] = 0;  // (the ordering counts its buckets from 0)
+    __syncthreads();
+    order_winners(sm, fdyn, nsel, irow);
+  }
+"""),
+]
+# emit_u32 (session 36): femit's winner test one 32-bit compare, the smallest winning key clamped to 1 (a
+# key of 0 is out of play); where no key can win (past 32 bits) the test is skipped.
+_EMIT_U32 = [
+    _lit("""  u32 win = 0;
+#pragma unroll
+  for (int c = 0; c < FV; ++c) {
+    const uint4 v = lk4[c * THREADS + tid];
+    const u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (x[j] != 0u && (u64)x[j] >= lo) win |= 1u << (4 * c + j);
+    }
+  }
+""", """  u32 win = 0;
+  if (lo <= 0xFFFFFFFFull) {  // (emit_u32; past 32 bits no key wins)
+    const u32 lo32 = max((u32)lo, 1u);
+#pragma unroll
+    for (int c = 0; c < FV; ++c) {
+      const uint4 v = lk4[c * THREADS + tid];
+      const u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (x[j] >= lo32) win |= 1u << (4 * c + j);
+      }
+    }
+  }
+"""),
+]
+# cut_list (session 36): where level 1's first digit leaves a cutoff bin not all wanted, of at most KMAX keys
+# (random normal scores: about 870 of 16,384), one scan of lk writes the winners above the bin (as femit's
+# gather) and the bin's positions to a list in sm.mem; the next digits' passes and the bin's winners run on
+# the list, not on every key again. Where the exact key ties, every key of lk becomes 0 but the tied ones,
+# level 2's keys, and the tie levels run as before.
+_CUT_LIST = [
+    _lit("""__device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,
+                        int& eq) {""", """__device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,
+                        int& eq, bool binned = false) {  // (binned: the first digit's bin found already)"""),
+    _lit("""    fbin(hist, nb, need - above, sm);
+    prefix |= (u32)sm.bin << s;""", """    if (pass > 0 || !binned) fbin(hist, nb, need - above, sm);
+    prefix |= (u32)sm.bin << s;"""),
+    Sub(r"(extern \"C\" __global__ void __launch_bounds__\(THREADS, MINB\)\ntpflare_select_rows\(const float\* __restrict__ scores, const int\* __restrict__ ids, const int\* __restrict__ pos_in,\n[^\n]*\n[^\n]*\n[^\n]*\n  __shared__ Smem sm;\n  extern __shared__ u64 fdyn)", r"""// Level 1 where the first digit's bin (fbin's sm.bin > 0, sm.above, sm.eq) is not all wanted and holds at most
+// KMAX keys: one scan of lk writes the winners above the bin (their positions by their bits, then their keys
+// and ids gathered, as femit's) and the bin's positions to sm.mem; the next digits' passes (11 and 10 bits)
+// and the bin's winners run on that list. Returns the winners written; T, above, eq as lselect's over the row.
+// Where the exact key T ties (eq > need - above), every key of lk is 0 on return but the tied ones, level
+// 2's (0x80000000 | inverted id), as femit's.
+__device__ __noinline__ int fcut(u32* lk, int* hist, int need, const int* irow, Smem& sm, u32& T, int& above,
+                                 int& eq) {  // (inlined, the kernel spilled 36 / 20 bytes)
+  const int tid = threadIdx.x, lane = tid & 31;
+  uint4* lk4 = reinterpret_cast<uint4*>(lk);
+  const u32 b0 = (u32)sm.bin;
+  const int nab = sm.above, ncut = sm.eq;
+  u32 win = 0, cut = 0;
+#pragma unroll
+  for (int c = 0; c < FV; ++c) {
+    const uint4 v = lk4[c * THREADS + tid];
+    const u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const u32 d = x[j] >> 21;
+      win |= (d > b0 ? 1u : 0u) << (4 * c + j);
+      cut |= (d == b0 ? 1u : 0u) << (4 * c + j);
+    }
+  }
+  int total;
+  const int ex = block_scan<THREADS>(__popc(win) | (__popc(cut) << 16), sm.wtot, total);  // (both < 2^16)
+  {
+    int s = ex & 0xFFFF;
+    for (u32 m = win; m != 0u; m &= m - 1u, ++s) {
+      const int b = __ffs(m) - 1;
+      sm.wpos[s] = 4 * ((b >> 2) * THREADS + tid) + (b & 3);
+    }
+    s = ex >> 16;
+    for (u32 m = cut; m != 0u; m &= m - 1u, ++s) {
+      const int b = __ffs(m) - 1;
+      sm.mem[s] = 4 * ((b >> 2) * THREADS + tid) + (b & 3);
+    }
+  }
+  __syncthreads();
+  u32 umin = 0xFFFFFFFFu;
+  {  // the winners above the bin: keys and ids gathered, every load issued at once
+    int pu[WPER], idu[WPER];
+#pragma unroll
+    for (int u = 0; u < WPER; ++u) pu[u] = u * THREADS + tid < nab ? sm.wpos[u * THREADS + tid] : -1;
+#pragma unroll
+    for (int u = 0; u < WPER; ++u) idu[u] = pu[u] >= 0 ? __ldg(irow + pu[u]) : 0;
+#pragma unroll
+    for (int u = 0; u < WPER; ++u) {
+      if (pu[u] >= 0) {
+        const u32 sk = lk[pu[u]];
+        sm.wkey[u * THREADS + tid] = ((i64)sk << 31) | (i64)(0x7FFFFFFFu - (u32)idu[u]);
+        umin = min(umin, sk);
+      }
+    }
+  }
+  u32 ck[WPER];  // the list's keys (a thread's entries u * THREADS + tid < ncut <= KMAX); 0: none
+  int cp[WPER];
+#pragma unroll
+  for (int u = 0; u < WPER; ++u) {
+    cp[u] = u * THREADS + tid < ncut ? sm.mem[u * THREADS + tid] : -1;
+    ck[u] = cp[u] >= 0 ? lk[cp[u]] : 0u;
+  }
+  const int want = need - nab;  // (1 <= want < ncut)
+  u32 prefix = b0 << 21;
+  int ab = 0, sh = 21;
+  eq = ncut;
+  for (int pass = 1; pass < 3; ++pass) {
+    const int s = pass == 1 ? 10 : 0;
+    const int nb = pass == 1 ? 2048 : 1024;
+    const int top = pass == 1 ? 21 : 10;  // (the digit's bits: [s, top); a key of 0 is not in the list's prefix)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) hist[4 * tid + e] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < WPER; ++u)
+      if ((ck[u] >> top) == (prefix >> top)) atomicAdd(&hist[nb - 1 - (int)((ck[u] >> s) & (u32)(nb - 1))], 1);
+    __syncthreads();
+    fbin(hist, nb, want - ab, sm);
+    prefix |= (u32)sm.bin << s;
+    ab += sm.above;
+    eq = (int)sm.eq;
+    sh = s;
+    if (eq == want - ab) break;  // the whole bin is wanted
+  }
+  T = prefix;
+  above = nab + ab;
+  const bool all = eq == want - ab;
+  const u64 lo = ((u64)(prefix >> sh) + (all ? 0u : 1u)) << sh;  // (the smallest winning key)
+  u32 lw = 0, tw = 0;  // the list's winners, and (not all) its keys tied at T
+#pragma unroll
+  for (int u = 0; u < WPER; ++u) {
+    lw |= (ck[u] != 0u && (u64)ck[u] >= lo ? 1u : 0u) << u;
+    tw |= (!all && ck[u] != 0u && ck[u] == prefix ? 1u : 0u) << u;
+  }
+  int lt;
+  int slot = nab + block_scan<THREADS>(__popc(lw), sm.wtot, lt);
+  int idl[WPER];
+#pragma unroll
+  for (int u = 0; u < WPER; ++u) idl[u] = ((lw | tw) >> u) & 1u ? __ldg(irow + cp[u]) : 0;
+#pragma unroll
+  for (int u = 0; u < WPER; ++u) {
+    if ((lw >> u) & 1u) {
+      sm.wkey[slot] = ((i64)ck[u] << 31) | (i64)(0x7FFFFFFFu - (u32)idl[u]);
+      sm.wpos[slot] = cp[u];
+      ++slot;
+      umin = min(umin, ck[u]);
+    }
+  }
+  if (!all) {  // the tie levels' keys: the tied at T by inverted id, every other key 0
+#pragma unroll
+    for (int c = 0; c < FV; ++c) lk4[c * THREADS + tid] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < WPER; ++u)
+      if ((tw >> u) & 1u) lk[cp[u]] = 0x80000000u | (0x7FFFFFFFu - (u32)idl[u]);
+    __syncthreads();
+  }
+  umin = __reduce_min_sync(FULL, umin);
+  if (lane == 0 && umin != 0xFFFFFFFFu) atomicMin(&sm.ulo, umin);
+  return nab + lt;
+}
+
+\1""", 1),
+    _lit("""    } else {
+      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);
+    }
+    int rem = nsel - ab;
+    int wn = femit(lk, 1, T1, sh, eq == rem, 0u, 0u, 0, irow, N, vec, sm);
+""", """    } else {
+      fbin(hist, 2048, nsel, sm);  // (the first digit's bin, on the load's counts)
+      if (sm.bin > 0 && sm.eq != nsel - sm.above && sm.eq <= KMAX) {  // (cut_list: the same for every thread)
+        wn1 = fcut(lk, hist, nsel, irow, sm, T1, ab, eq);
+      } else {
+        lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq, true);
+      }
+    }
+    int rem = nsel - ab;
+    int wn = wn1 >= 0 ? wn1 : femit(lk, 1, T1, sh, eq == rem, 0u, 0u, 0, irow, N, vec, sm);
+"""),
+    _lit("""    u32 T1, T2, T3;
+    int sh, ab, eq;
+    const int over = nvalid""", """    u32 T1, T2, T3;
+    int sh, ab, eq, wn1 = -1;
+    const int over = nvalid"""),
+]
+
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512, "filter_tma": _FILTER_TMA,
-            "parts_warp": _PARTS_WARP, "tma_ids": _FILTER_TMA + _TMA_IDS}
+            "parts_warp": _PARTS_WARP, "tma_ids": _FILTER_TMA + _TMA_IDS,
+            "count_nan": _COUNT_NAN, "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -72,6 +72,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 
 namespace cuda_on_cpu {
