@@ -459,8 +459,17 @@ FILTER_BROKEN = {
     # the bin test one short: the cutoff's bin missed where the wanted count ends a thread's bins
     "bin test": ("if (acc < rem && rem <= acc + c[e]) {", "if (acc < rem && rem < acc + c[e]) {"),
     # the cutoff at -inf taken where k ends at the last finite score: no winner is left for the tie
-    "-inf edge": ("if (over < nsel && nsel <= over + sm.ninf) {  // the cutoff at -inf",
-                  "if (over <= nsel && nsel <= over + sm.ninf) {  // the cutoff at -inf"),
+    "-inf edge": ("if (over < nsel && nsel <= over + ninf) {  // the cutoff at -inf",
+                  "if (over <= nsel && nsel <= over + ninf) {  // the cutoff at -inf"),
+    # the -inf count read from the invalid keys' and NaN's bin (session 36: the counts come from the first
+    # digit's bins): the cutoff at -inf taken where the row's pads and NaN decide it
+    "-inf bin": ("const int ninf = hist[2047 - 3];", "const int ninf = hist[2047];"),
+    # NaN not counted valid: a row's NaN never win, and its valid count is short
+    "NaN valid": ("FI * THREADS - hist[2047] + nnan;", "FI * THREADS - hist[2047];"),
+    # the counts zeroed for the ordering where no candidate wins, with no barrier after their reading: a
+    # thread that reads them late finds them zeroed and takes another path (the CPU runner's deadlock)
+    "counts zeroed early": ("  if (nsel > 0) {  // (with no winner, no barrier orders",
+                            "  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;\n  if (nsel > 0) {  // (with no winner, no barrier orders"),
 }
 
 
@@ -468,7 +477,7 @@ FILTER_BROKEN = {
 def test_a_broken_filter_fails_here(request, monkeypatch, on_cpu, filt, slip):
     _plant(request, monkeypatch, filt, "FILTER_KERNEL", slip, *FILTER_BROKEN[slip])
     cases = [make_case("nandups", 2, 12001, 700, seed=7) + (700,), _mass_tie("nan_dups", 2, 9000, seed=9000) + (1111,),
-             make_case("padding", 2, 9000, 2048, seed=3) + (2048,)]
+             make_case("padding", 2, 9000, 2048, seed=3) + (2048,), make_case("padding", 2, 16384, 1, seed=5) + (1,)]
     cases += [_mass_tie("nan_pairs", 2, n, seed=n) + (k,) for n, k in ((9000, 1111), (16384, 2047), (12001, 1))]
     scores, ids, ks = neginf_cutoff_case(3, 9000)
     cases += [(scores, ids, k) for k in ks]
