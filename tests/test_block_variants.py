@@ -272,6 +272,42 @@ def test_a_slip_in_the_filter_tma_fails_on_the_cpu(tmp_path, slip):
         check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), f"{name} slip {slip}")
 
 
+def _cutoff_tie_cases():
+    """Random normal rows of the filter's tile whose k-th largest score is copied to a few more
+    candidates, some of them with a tied candidate's id: the cutoff bin's list (cut_list) ends at an
+    exact tie, resolved by id, then by position; and a row of NaN, duplicate ids and pads."""
+    g = torch.Generator().manual_seed(36)
+    cases = []
+    for n, k in ((16384, 2048), (9001, 700)):
+        scores = torch.randn(2, n, generator=g)
+        ids = torch.stack([torch.randperm(n, generator=g) for _ in range(2)]).to(torch.int32)
+        kth = scores.topk(k, dim=1).values[:, -1:]
+        at = torch.randint(0, n, (2, 6), generator=g)
+        scores.scatter_(1, at, kth.expand(2, 6))
+        ids.scatter_(1, at[:, :2], ids.gather(1, at[:, 2:4]))  # (two of the tied share another's id)
+        cases.append(((scores, ids), k))
+    return cases + [(make_case("nandups", 2, 16384, 2048, seed=1), 2048)]
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_cut_list_is_exact_on_the_cpu(tmp_path):
+    """Variant ``cut_list`` (session 36, measured slower): level 1's cutoff bin as a list, exact against
+    the plain Python sort, two schedules; its slips fail."""
+    run = BlockOnCpu(_variant_module(tmp_path, "cut_list"))
+    for (scores, ids), k in _cutoff_tie_cases():
+        for seed in (0, 3):
+            check_equal(run(scores, ids, k, seed=seed, n_sm=0), ref_python(scores, ids, k), f"cut_list k={k}")
+    assert {kind for _, kind in run.launched} == {"filter"}
+    slips = [  # the tied keys' next level by position, not id; the winners above the bin given another key
+        ("lk[cp[u]] = 0x80000000u | (0x7FFFFFFFu - (u32)idl[u]);", "lk[cp[u]] = 0x80000000u | (0x7FFFFFFFu - (u32)cp[u]);"),
+        ("sm.wkey[u * THREADS + tid] = ((i64)sk << 31)", "sm.wkey[u * THREADS + tid] = ((i64)(sk - 1) << 31)")]
+    for good, bad in slips:
+        run = BlockOnCpu(_variant_module(tmp_path, "cut_list", (good, bad)))
+        with pytest.raises((AssertionError, RuntimeError)):
+            for (scores, ids), k in _cutoff_tie_cases():
+                check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_python(scores, ids, k), f"cut_list slip {bad}")
+
+
 def _split_string_literals(src: str) -> list[str]:
     """The lines of CUDA source ``src`` (comments dropped) on which a string literal is left open."""
     bad = []
