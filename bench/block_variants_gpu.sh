@@ -11,9 +11,11 @@
 #     spread path at 1-4 rows against the Triton staged path; about 3 minutes)
 #   VARIANTS="filter_tma tma_ids" CELLS=16384x1024,16384x4096,16384x256,9000x1024,12001x1024 PROFILE= FUZZ=20 \
 #     TESTS_ON=filter_tma bash bench/block_variants_gpu.sh   (the filter kind's scores by one bulk copy: session
-#     35's call 2 timed it 1.02-1.07x the shipped time, its spills 16 / 100 bytes; on the text shipped later
-#     that session it spills nothing, untimed: the next call; then python3 bench/block_phases.py --kind filter
-#     --module $V/filter_tma.py for its phases; tma_ids, the ids through a ring of bulk copies too, untimed)
+#     36's call 1 timed it 0.95-0.97x on random scores, 0.99-1.02x on ties; tma_ids, the ids through a ring
+#     of bulk copies too, 1.0-1.08x; phases: python3 bench/block_phases.py --kind filter --module $V/NAME.py)
+#   VARIANTS="emit_u32 cut_list rank_keys cut_list+emit_u32" CELLS=16384x1024,16384x4096,9000x1024,16384x64 \
+#     PROFILE= FUZZ=8 bash bench/block_variants_gpu.sh   (session 36's call 2, count_nan since shipped: emit_u32
+#     0.99x, cut_list and rank_keys 1.01-1.04x)
 # Before a call: every variant passes the CPU runner's tests, and nvcc compiles its CUDA side (the runner
 # compiles only the #else side of its GPU-only code; session 35's first call stopped at an NVRTC error)
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py

@@ -60,6 +60,8 @@ ordering and the output are the row kind's. H100, graph replay, k = 2048
 256-4096 rows of 9000-16384 (1024 x 16384: 126 against 162 µs), 0.84-0.89x on mass ties, 0.91-0.96x
 on a short context; at 133 rows 0.80-0.96x; at 64 rows (one wave) 1.27x, so it stays off there.
 Session 35's gather and branchless count took 0.87-0.91x more of that time (1024 x 16384: 115 µs).
+Session 36: the load counts only NaN, its valid and -inf counts read from the first digit's bins
+(0.97-0.98x; 1024 x 16384: 111 µs).
 
 A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
 * kind ``chunks``, a block a chunk (grid rows x chunks): the same selection on the chunk, and its
