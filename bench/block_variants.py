@@ -945,10 +945,41 @@ __device__ __noinline__ int fcut(u32* lk, int* hist, int need, const int* irow, 
     const int over = nvalid"""),
 ]
 
+# nan_lazy (session 36): the load counts no NaN; where the first digit's lowest bin holds more than the row's
+# structural pads (invalid ids or NaN: rare), one more pass over lk counts the NaN. Two instructions a
+# candidate fewer on rows with neither.
+_NAN_LAZY = [
+    _lit("    nnan += kk[j] == KEY_NAN;\n", ""),
+    _lit("""  nnan = __reduce_add_sync(FULL, nnan);
+  if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
+  __syncthreads();
+""", """  __syncthreads();
+  if (hist[2047] > FI * THREADS - N) {  // (nan_lazy: invalid ids or NaN in the row; the same for every thread)
+#pragma unroll
+    for (int c = 0; c < FV; ++c) {
+      const uint4 v = lk4[c * THREADS + tid];
+      nnan += (v.x == KEY_NAN) + (v.y == KEY_NAN) + (v.z == KEY_NAN) + (v.w == KEY_NAN);
+    }
+    nnan = __reduce_add_sync(FULL, nnan);
+    if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
+    __syncthreads();
+  }
+"""),
+]
+# lsel_nz (session 36): lselect's histogram passes count a key of 0 (out of play) too, in digit 0, with no
+# test a key. Zeros are the smallest keys and at most the keys in play are wanted, so the wanted bin is never
+# digit 0 under a prefix of 0 alone but where a zero's bin holds a NaN too; that bin's count then includes
+# zeros, is not exactly the keys still wanted, and the next digit's pass separates them (at bit 0, key 0
+# is a bin of its own).
+_LSEL_NZ = [
+    _lit("""          if (x[j] != 0 && (top == 32 || (x[j] >> top) == (prefix >> top)))""",
+         """          if (top == 32 || (x[j] >> top) == (prefix >> top))  // (lsel_nz: a key of 0 in digit 0 too)"""),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512, "filter_tma": _FILTER_TMA,
             "parts_warp": _PARTS_WARP, "tma_ids": _FILTER_TMA + _TMA_IDS,
-            "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST}
+            "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
+            "nan_lazy": _NAN_LAZY, "lsel_nz": _LSEL_NZ}
 
 
 def _edit(text: str, edit, what: str) -> str:
