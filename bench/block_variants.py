@@ -34,6 +34,12 @@ class Sub:
     repl: str
     count: int
 
+
+def _lit(old: str, new: str, count: int = 1) -> Sub:
+    """A Sub of ``old``'s exact text by ``new``'s, both literal (no pattern, no escapes in ``new``)."""
+    return Sub(re.escape(old), new.replace("\\", "\\\\"), count)
+
+
 # a histogram pass's shared atomics, one a bin a warp: the lanes whose candidate falls in one bin
 # (__match_any_sync) add their count through the lowest of them. Random normal scores' first
 # digit (sign and 7 exponent bits) crowds a few bins; mass ties crowd one.
@@ -542,87 +548,8 @@ _PREFETCH_512 = [Sub(r"PREFETCH_TILES = \(1024,\)", "PREFETCH_TILES = (512, 1024
 # about 13 bytes a cycle through its loads whatever the blocks did; the bulk copy takes the scores off that path
 # and costs no registers (the asynchronous copies, filter_async at 8dda639, cut the load to 17,200 but raised
 # the spills). Rows not 16-byte aligned load as shipped.
-_FILTER_LOAD = "#pragma unroll 2\n  for (int c = 0; c < FV; ++c) {\n    const int p0"
-_FILTER_TMA = [
-    Sub(r"(// four candidates' score keys \(bits b, ids d\))", r"""#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (the bulk copy engine: sm_90 on)
-#define FILTER_TMA 1
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u64 a;
-  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-  return (u32)a;
-}
-__device__ __forceinline__ void bar_init(u64* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, completing on bar
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
-  u32 done = 0;
-  while (!done) {
-    asm volatile("{\\n .reg .pred p;\\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n selp.u32 %0, 1, 0, p;\\n}"
-                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-  }
-}
-#elif defined(__CUDA_ARCH__)  // (before sm_90 the threads load the scores too: never called)
-#define FILTER_TMA 0
-__device__ __forceinline__ void bar_init(u64*) {}
-__device__ __forceinline__ void bulk_copy(void*, const void*, u32, u64*) {}
-__device__ __forceinline__ void bar_wait(u64*, u32) {}
-#else  // the CPU runner: the copy lands at the first wait on its barrier (a read before any wait sees the old bytes)
-#define FILTER_TMA 1
-struct BulkCopy {
-  void* dst;
-  const void* src;
-  u32 bytes;
-};
-inline BulkCopy bulk_pending{nullptr, nullptr, 0};
-inline void bar_init(u64* bar) { *bar = 0; }
-inline void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) { bulk_pending = {dst, src, bytes}; }
-inline void bar_wait(u64* bar, u32 parity) {
-  if (*bar == parity) {
-    std::memcpy(bulk_pending.dst, bulk_pending.src, bulk_pending.bytes);
-    *bar = parity ^ 1u;
-  }
-}
-#endif
-
-\1""", 1),
-    Sub(r"(  __shared__ Smem sm;\n  extern __shared__ u64 fdyn\[\];[^\n]*\n)", r"\1  __shared__ u64 fbar;  // (the bulk copy's mbarrier)\n", 1),
-    Sub(r"(  const int\* irow = ids \+ row \* s_iq;\n)(  if \(tid == 0\) reset_shared\(sm\);\n)(  for \(int i = tid; i < NB; i \+= THREADS\) hist\[i\] = 0;\n)",
-        r"""\1  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
-  if (tid == 0 && tma) {
-    bar_init(&fbar);
-    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
-  }
-\2\3""", 1),
-    Sub(re.escape(_FILTER_LOAD), """if (tma) {  // the scores in lk by the bulk copy; the ids by 16-byte loads, four groups at a time
-#pragma unroll 1
-    for (int cb = 0; cb < FV; cb += 4) {
-      int4 idv[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int q4 = (cb + u) * THREADS + tid;
-        idv[u] = 4 * q4 < N ? __ldg(reinterpret_cast<const int4*>(irow) + q4) : make_int4(-1, -1, -1, -1);
-      }
-      if (cb == 0) bar_wait(&fbar, 0);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int q4 = (cb + u) * THREADS + tid;
-        const uint4 sv = 4 * q4 < N ? lk4[q4] : make_uint4(0, 0, 0, 0);
-        const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
-        const int d[4] = {idv[u].x, idv[u].y, idv[u].z, idv[u].w};
-        lk4[q4] = put_keys(b, d, hist, nnan);
-      }
-    }
-  } else
-""" + _FILTER_LOAD, 1),
-]
+# filter_tma (the filter's scores by one bulk copy, sm_90 on) shipped in session 36 with nan_lazy and lsel_nz:
+# together 0.95-0.97x the time on an H100 at 256-4096 rows of 9000-16384; their variant text is at commit 0cc7d5e.
 # Session 35 shipped count_all (put_keys with no branch), emit_gather (level 1's winners compacted by their
 # bits, then gathered) and rank1 (the rank step not unrolled). Together they took 0.87-0.91x the time at
 # 256-4096 rows of 9000-16384 on an H100, 0.99-1.0x on the row kinds; their variant text is at commit 42e46e6.
@@ -662,64 +589,24 @@ _PARTS_WARP = [
     }
 """, 1),
 ]
-# tma_ids (filter_tma's edits, then these): the ids by bulk copies too, a group's 2,048 (8 KB) a stage
-# through a ring of two slots in sm.wkey's space (free until level 1's winners), so no thread loads from
-# global memory during the load; a barrier a stage frees its slot for the stage after next. Untimed.
+# tma_ids: the ids by bulk copies too, a group's 2,048 (8 KB) a stage through a ring of two slots in sm.wkey's
+# space (free until level 1's winners), so no thread loads from global memory during the load; a barrier a
+# stage frees its slot for the stage after next. Session 36: 1.0-1.08x the time on an H100, not shipped.
 _TMA_IDS = [
-    Sub(re.escape("""inline BulkCopy bulk_pending{nullptr, nullptr, 0};
-inline void bar_init(u64* bar) { *bar = 0; }
-inline void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) { bulk_pending = {dst, src, bytes}; }
-inline void bar_wait(u64* bar, u32 parity) {
-  if (*bar == parity) {
-    std::memcpy(bulk_pending.dst, bulk_pending.src, bulk_pending.bytes);
-    *bar = parity ^ 1u;
-  }
-}
-"""), """// (a barrier's copy in flight: the entry whose slot holds the barrier; static, so that the tables of two
-// variants' libraries loaded in one process stay apart)
-static BulkCopy bulk_pending[4];
-static u64* bulk_bar[4];
-inline int bulk_entry(u64* bar) {
-  for (int e = 0; e < 4; ++e)
-    if (bulk_bar[e] == bar) return e;
-  for (int e = 0; e < 4; ++e)
-    if (bulk_bar[e] == nullptr) return e;
-  return 0;
-}
-inline void bar_init(u64* bar) {
-  *bar = 0;
-  for (int e = 0; e < 4; ++e)
-    if (bulk_bar[e] == bar) bulk_bar[e] = nullptr;
-}
-inline void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
-  const int e = bulk_entry(bar);
-  bulk_bar[e] = bar;
-  bulk_pending[e] = {dst, src, bytes};
-}
-inline void bar_wait(u64* bar, u32 parity) {
-  if (*bar == parity) {
-    const int e = bulk_entry(bar);
-    std::memcpy(bulk_pending[e].dst, bulk_pending[e].src, bulk_pending[e].bytes);
-    bulk_bar[e] = nullptr;
-    *bar = parity ^ 1u;
-  }
-}
-""", 1),
-    Sub(re.escape("  __shared__ u64 fbar;  // (the bulk copy's mbarrier)\n"),
-        "  __shared__ u64 fbar;  // (the bulk copies' mbarriers: the scores; the ids' two ring slots)\n"
-        "  __shared__ u64 ibar[2];\n", 1),
-    Sub(re.escape("  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)\n"),
-        """  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)
+    _lit("  __shared__ u64 fbar;  // (the scores' bulk copy's mbarrier)\n",
+         "  __shared__ u64 fbar;  // (the bulk copies' mbarriers: the scores; the ids' two ring slots)\n"
+         "  __shared__ u64 ibar[2];\n"),
+    _lit("  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)\n",
+         """  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)
   int* ring = reinterpret_cast<int*>(sm.wkey);  // (the ids' two stages of IDS_STAGE during the load)
-""", 1),
-    Sub(re.escape("""  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
-  if (tid == 0 && tma) {
+"""),
+    _lit("""                   ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+  if (tid == 0 && tma) {  // (the copy runs while the block zeroes its counts)
     bar_init(&fbar);
     bulk_copy(lk, srow, 4u * (u32)N, &fbar);
   }
-"""), """  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 &&
-                  ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow) | reinterpret_cast<u64>(ring)) & 15) == 0;
-  if (tid == 0 && tma) {
+""", """                   ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow) | reinterpret_cast<u64>(ring)) & 15) == 0;
+  if (tid == 0 && tma) {  // (the copies run while the block zeroes its counts)
     bar_init(&fbar);
     bulk_copy(lk, srow, 4u * (u32)N, &fbar);
     for (int s = 0; s < 2; ++s) {
@@ -728,8 +615,8 @@ inline void bar_wait(u64* bar, u32 parity) {
       if (n > 0) bulk_copy(ring + s * IDS_STAGE, irow + s * IDS_STAGE, 4u * (u32)n, &ibar[s]);
     }
   }
-""", 1),
-    ("if (tma) {  // the scores in lk by the bulk copy", "  } else\n", """if (tma) {  // the scores in lk and the ids through the ring by bulk copies
+"""),
+    ("  if (tma) {\n", "  } else {\n", """  if (tma) {  // the scores in lk and the ids through the ring by bulk copies
     bar_wait(&fbar, 0);
 #pragma unroll 1
     for (int c = 0; c < FV; ++c) {
@@ -740,20 +627,17 @@ inline void bar_wait(u64* bar, u32 parity) {
       const int4 iv = in ? reinterpret_cast<const int4*>(ring + s * IDS_STAGE)[tid] : make_int4(-1, -1, -1, -1);
       const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
       const int d[4] = {iv.x, iv.y, iv.z, iv.w};
-      lk4[q4] = put_keys(b, d, hist, nnan);
+      lk4[q4] = put_keys(b, d, hist);
       __syncthreads();  // (every thread has read the slot: it takes the stage after next)
       if (tid == 0 && (c + 2) * IDS_STAGE < N) {
         const int n = min(IDS_STAGE, N - (c + 2) * IDS_STAGE);
         bulk_copy(ring + s * IDS_STAGE, irow + (c + 2) * IDS_STAGE, 4u * (u32)n, &ibar[s]);
       }
     }
-  } else
+  } else {
 """),
-    Sub(re.escape("#define FV (FI / 4)\n"), "#define FV (FI / 4)\n#define IDS_STAGE (4 * THREADS)  // (tma_ids: a group's ids, 8 KB, a stage of the ring)\n", 1),
+    _lit("#define FV (FI / 4)\n", "#define FV (FI / 4)\n#define IDS_STAGE (4 * THREADS)  // (tma_ids: a group's ids, 8 KB, a stage of the ring)\n"),
 ]
-def _lit(old: str, new: str, count: int = 1) -> Sub:
-    """A Sub of ``old``'s exact text by ``new``'s, both literal (no pattern, no escapes in ``new``)."""
-    return Sub(re.escape(old), new.replace("\\", "\\\\"), count)
 
 
 # count_nan (session 36: the filter's load counts only NaN a candidate, its valid and -inf counts from the
@@ -945,41 +829,10 @@ __device__ __noinline__ int fcut(u32* lk, int* hist, int need, const int* irow, 
     const int over = nvalid"""),
 ]
 
-# nan_lazy (session 36): the load counts no NaN; where the first digit's lowest bin holds more than the row's
-# structural pads (invalid ids or NaN: rare), one more pass over lk counts the NaN. Two instructions a
-# candidate fewer on rows with neither.
-_NAN_LAZY = [
-    _lit("    nnan += kk[j] == KEY_NAN;\n", ""),
-    _lit("""  nnan = __reduce_add_sync(FULL, nnan);
-  if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
-  __syncthreads();
-""", """  __syncthreads();
-  if (hist[2047] > FI * THREADS - N) {  // (nan_lazy: invalid ids or NaN in the row; the same for every thread)
-#pragma unroll
-    for (int c = 0; c < FV; ++c) {
-      const uint4 v = lk4[c * THREADS + tid];
-      nnan += (v.x == KEY_NAN) + (v.y == KEY_NAN) + (v.z == KEY_NAN) + (v.w == KEY_NAN);
-    }
-    nnan = __reduce_add_sync(FULL, nnan);
-    if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
-    __syncthreads();
-  }
-"""),
-]
-# lsel_nz (session 36): lselect's histogram passes count a key of 0 (out of play) too, in digit 0, with no
-# test a key. Zeros are the smallest keys and at most the keys in play are wanted, so the wanted bin is never
-# digit 0 under a prefix of 0 alone but where a zero's bin holds a NaN too; that bin's count then includes
-# zeros, is not exactly the keys still wanted, and the next digit's pass separates them (at bit 0, key 0
-# is a bin of its own).
-_LSEL_NZ = [
-    _lit("""          if (x[j] != 0 && (top == 32 || (x[j] >> top) == (prefix >> top)))""",
-         """          if (top == 32 || (x[j] >> top) == (prefix >> top))  // (lsel_nz: a key of 0 in digit 0 too)"""),
-]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
-            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512, "filter_tma": _FILTER_TMA,
-            "parts_warp": _PARTS_WARP, "tma_ids": _FILTER_TMA + _TMA_IDS,
-            "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "nan_lazy": _NAN_LAZY, "lsel_nz": _LSEL_NZ}
+            "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
+            "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
+            "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST}
 
 
 def _edit(text: str, edit, what: str) -> str:

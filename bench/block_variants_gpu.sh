@@ -9,10 +9,10 @@
 #   VARIANTS="spread digits11+rank_keys+prefetch+spread" CELLS=few PROFILE= PATHS=staged FUZZ=60 \
 #     TESTS_ON=spread PHASES_OF=spread PHASES_CELLS=16384x1,16384x4,4096x1 bash bench/block_variants_gpu.sh   (the
 #     spread path at 1-4 rows against the Triton staged path; about 3 minutes)
-#   VARIANTS="filter_tma tma_ids" CELLS=16384x1024,16384x4096,16384x256,9000x1024,12001x1024 PROFILE= FUZZ=20 \
-#     TESTS_ON=filter_tma bash bench/block_variants_gpu.sh   (the filter kind's scores by one bulk copy: session
-#     36's call 1 timed it 0.95-0.97x on random scores, 0.99-1.02x on ties; tma_ids, the ids through a ring
-#     of bulk copies too, 1.0-1.08x; phases: python3 bench/block_phases.py --kind filter --module $V/NAME.py)
+#   VARIANTS="tma_ids" CELLS=16384x1024,16384x4096,16384x256,9000x1024,12001x1024 PROFILE= FUZZ=20 \
+#     TESTS_ON=tma_ids bash bench/block_variants_gpu.sh   (the filter's ids by bulk copies too, through a ring:
+#     session 36's call 1 timed it 1.0-1.08x; filter_tma, the scores by one bulk copy, shipped that session;
+#     phases: python3 bench/block_phases.py --kind filter --module $V/NAME.py)
 #   VARIANTS="emit_u32 cut_list rank_keys cut_list+emit_u32" CELLS=16384x1024,16384x4096,9000x1024,16384x64 \
 #     PROFILE= FUZZ=8 bash bench/block_variants_gpu.sh   (session 36's call 2, count_nan since shipped: emit_u32
 #     0.99x, cut_list and rank_keys 1.01-1.04x)

@@ -708,16 +708,50 @@ FILTER_KERNEL = r"""
 #define FV (FI / 4)
 static_assert(THREADS == 512 && FI * THREADS == 16384, "the filter kind: 512 threads of 32 candidates");
 
-// four candidates' score keys (bits b, ids d), their NaN counted (nnan) and their first 11-bit digit into hist,
-// a pad's too (key 0: digit 0, the lowest bin; the passes after the first count only keys in play, and the
-// -inf cutoff is decided from the counts), so that no branch surrounds the atomics. The valid and -inf counts
-// come from the digit's bins once the row is counted (session 36: 0.97-0.98x the time of three counters)
-__device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist, int& nnan) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (the bulk copy engine: sm_90 on)
+#define FILTER_TMA 1
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+__device__ __forceinline__ void bar_init(u64* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, completing on bar
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
+  u32 done = 0;
+  while (!done) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  }
+}
+#elif defined(__CUDA_ARCH__)  // (before sm_90 the threads load the scores too: never called)
+#define FILTER_TMA 0
+__device__ __forceinline__ void bar_init(u64*) {}
+__device__ __forceinline__ void bulk_copy(void*, const void*, u32, u64*) {}
+__device__ __forceinline__ void bar_wait(u64*, u32) {}
+#else  // (the CPU runner: tests/cuda_on_cpu.h emulates bar_init, bulk_copy and bar_wait)
+#define FILTER_TMA 1
+#endif
+
+// four candidates' score keys (bits b, ids d), their first 11-bit digit counted into hist, a pad's too (key 0:
+// digit 0, the lowest bin; the passes after the first count only keys in play, and the -inf cutoff is decided
+// from the counts), so that no branch surrounds the atomics. Nothing else is counted a candidate: the valid
+// and -inf counts come from the digit's bins once the row is counted, and the NaN only where that bin holds
+// more than the row's pads past N (session 36: 0.97-0.98x the time of three counters a candidate)
+__device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist) {
   u32 kk[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     kk[j] = order_key(b[j], d[j]);
-    nnan += kk[j] == KEY_NAN;
     atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);  // (a pad: bin 2047, digit 0)
   }
   return make_uint4(kk[0], kk[1], kk[2], kk[3]);
@@ -751,6 +785,10 @@ __device__ __forceinline__ void fbin(const int* hist, int nb, int rem, Smem& sm)
 // The need-th largest level key in lk (1 <= need <= the keys in play), by digits of 11, 11 and 10 bits from
 // the top, stopping at the first bin that holds exactly the keys still wanted. primed: the first digit's
 // counts are in hist already. T, sh, above, eq: as radix_select's (eq > need - above only where sh == 0).
+// A key of 0 (out of play) is counted too, in digit 0, with no test a key (session 36: 0.96-0.97x the time
+// on ties). Zeros are the smallest keys and at most the keys in play are wanted, so a bin that holds zeros
+// holds the wanted key only where all its digits so far are 0; its count then exceeds the keys still
+// wanted, and a later digit separates them (at bit 0, key 0 is a bin of its own).
 __device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,
                         int& eq) {
   const int tid = threadIdx.x;
@@ -773,7 +811,7 @@ __device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& s
         const u32 x[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          if (x[j] != 0 && (top == 32 || (x[j] >> top) == (prefix >> top)))
+          if (top == 32 || (x[j] >> top) == (prefix >> top))  // (a key of 0 too: see above)
             atomicAdd(&hist[nb - 1 - (int)((x[j] >> s) & (u32)(nb - 1))], 1);
       }
       __syncthreads();
@@ -900,6 +938,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
                     const int* __restrict__ stat) {
   __shared__ Smem sm;
   extern __shared__ u64 fdyn[];  // (the row's level keys, then the ordering's dynamic memory)
+  __shared__ u64 fbar;  // (the scores' bulk copy's mbarrier)
   u32* lk = reinterpret_cast<u32*>(fdyn);
   uint4* lk4 = reinterpret_cast<uint4*>(fdyn);
   int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)
@@ -908,33 +947,70 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   const i64 row = blockIdx.x;
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
   const int* irow = ids + row * s_iq;
+  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 &&
+                   ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+  if (tid == 0 && tma) {  // (the copy runs while the block zeroes its counts)
+    bar_init(&fbar);
+    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+  }
   if (tid == 0) reset_shared(sm);
   for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
   __syncthreads();
-  // the row's score keys to lk, by 16-byte loads where both rows allow them; level 1's first digit counted
+  // the row's score keys to lk, level 1's first digit counted. The scores by the bulk copy (tma: sm_90 on, N a
+  // multiple of 4 and both rows 16-byte aligned; session 36: 0.95-0.97x the time on random scores) and the ids
+  // by 16-byte loads, four groups at a time; else both by 16-byte loads where the rows allow them
   const bool vec = (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
-  int nnan = 0;
-#pragma unroll 2
-  for (int c = 0; c < FV; ++c) {
-    const int p0 = 4 * (c * THREADS + tid);
-    int b[4], d[4];
-    if (vec && p0 < N) {
-      const int4 sv = __ldg(reinterpret_cast<const int4*>(srow) + (c * THREADS + tid));
-      const int4 iv = __ldg(reinterpret_cast<const int4*>(irow) + (c * THREADS + tid));
-      b[0] = sv.x; b[1] = sv.y; b[2] = sv.z; b[3] = sv.w;
-      d[0] = iv.x; d[1] = iv.y; d[2] = iv.z; d[3] = iv.w;
-    } else {
+  if (tma) {
+#pragma unroll 1
+    for (int cb = 0; cb < FV; cb += 4) {
+      int4 idv[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        b[j] = p0 + j < N ? __ldg(srow + p0 + j) : 0;
-        d[j] = p0 + j < N ? __ldg(irow + p0 + j) : -1;
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        idv[u] = 4 * q4 < N ? __ldg(reinterpret_cast<const int4*>(irow) + q4) : make_int4(-1, -1, -1, -1);
+      }
+      if (cb == 0) bar_wait(&fbar, 0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        const uint4 sv = 4 * q4 < N ? lk4[q4] : make_uint4(0, 0, 0, 0);
+        const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
+        const int d[4] = {idv[u].x, idv[u].y, idv[u].z, idv[u].w};
+        lk4[q4] = put_keys(b, d, hist);
       }
     }
-    lk4[c * THREADS + tid] = put_keys(b, d, hist, nnan);
+  } else {
+#pragma unroll 2
+    for (int c = 0; c < FV; ++c) {
+      const int p0 = 4 * (c * THREADS + tid);
+      int b[4], d[4];
+      if (vec && p0 < N) {
+        const int4 sv = __ldg(reinterpret_cast<const int4*>(srow) + (c * THREADS + tid));
+        const int4 iv = __ldg(reinterpret_cast<const int4*>(irow) + (c * THREADS + tid));
+        b[0] = sv.x; b[1] = sv.y; b[2] = sv.z; b[3] = sv.w;
+        d[0] = iv.x; d[1] = iv.y; d[2] = iv.z; d[3] = iv.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          b[j] = p0 + j < N ? __ldg(srow + p0 + j) : 0;
+          d[j] = p0 + j < N ? __ldg(irow + p0 + j) : -1;
+        }
+      }
+      lk4[c * THREADS + tid] = put_keys(b, d, hist);
+    }
   }
-  nnan = __reduce_add_sync(FULL, nnan);
-  if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
   __syncthreads();
+  int nnan = 0;
+  if (hist[2047] > FI * THREADS - N) {  // invalid ids or NaN in the row (the same for every thread): NaN counted
+#pragma unroll
+    for (int c = 0; c < FV; ++c) {
+      const uint4 v = lk4[c * THREADS + tid];
+      nnan += (v.x == KEY_NAN) + (v.y == KEY_NAN) + (v.z == KEY_NAN) + (v.w == KEY_NAN);
+    }
+    nnan = __reduce_add_sync(FULL, nnan);
+    if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
+    __syncthreads();
+  }
   // the first digit's bins (hist[2047 - digit]): digit 0 holds the invalid keys (0) and NaN's (1), digit 3
   // only -inf's (0x007fffff), digits 1-2 none (order_key)
   nnan = sm.nnan;

@@ -33,6 +33,11 @@
 // wait, at random (a copy issued before every reader of the old bytes passed a barrier overwrites
 // them). A thread that ends with copies it never waited for stops the launch.
 //
+// The bulk copy engine (sm_90's cp.async.bulk completing on an mbarrier; a kernel's own helpers of these
+// names, in PTX on the GPU): bar_init(bar), bulk_copy(dst, src, bytes, bar) (both addresses 16-byte aligned
+// and bytes a multiple of 16, else the launch stops; one copy in flight a barrier) and bar_wait(bar,
+// parity). A copy lands at the first wait on its barrier: a read before any wait sees the old bytes.
+//
 // Vector types int4 / uint4 (make_int4, make_uint4): 16-byte aligned, as on a GPU; __ldg of any type
 // at an address not aligned to it stops the launch (a GPU faults there).
 //
@@ -312,6 +317,45 @@ inline void cp_async4(void* dst, const void* src) { cp_async(dst, src, 4); }
 inline void cp_async_wait_all() {
   for (const auto& c : cuda_on_cpu::me().pending) std::memcpy(c.dst, c.src, c.n);
   cuda_on_cpu::me().pending.clear();
+  cuda_on_cpu::maybe_yield();
+}
+
+// the bulk copy engine (see the top): one copy in flight a barrier, landing at the first wait on it
+namespace cuda_on_cpu {
+struct BulkCopy {
+  void* dst;
+  const void* src;
+  unsigned bytes;
+  unsigned long long* bar;  // (nullptr: a free entry)
+};
+static BulkCopy bulk_inflight[8];  // (static: each kernel library its own)
+}  // namespace cuda_on_cpu
+inline void bar_init(unsigned long long* bar) {
+  *bar = 0;
+  for (auto& c : cuda_on_cpu::bulk_inflight)
+    if (c.bar == bar) c.bar = nullptr;
+}
+inline void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) % 16)
+    cuda_on_cpu::fail("cp.async.bulk of " + std::to_string(bytes) + " bytes: not 16-byte aligned, or not a multiple of 16");
+  for (const auto& c : cuda_on_cpu::bulk_inflight)
+    if (c.bar == bar) cuda_on_cpu::fail("a second bulk copy on one mbarrier before a wait on the first");
+  for (auto& c : cuda_on_cpu::bulk_inflight)
+    if (c.bar == nullptr) {
+      c = {dst, src, bytes, bar};
+      return;
+    }
+  cuda_on_cpu::fail("more than 8 bulk copies in flight");
+}
+inline void bar_wait(unsigned long long* bar, unsigned parity) {
+  if (*bar == parity) {  // (the phase's first waiter lands its copy and completes the phase)
+    for (auto& c : cuda_on_cpu::bulk_inflight)
+      if (c.bar == bar) {
+        std::memcpy(c.dst, c.src, c.bytes);
+        c.bar = nullptr;
+      }
+    *bar = parity ^ 1u;
+  }
   cuda_on_cpu::maybe_yield();
 }
 

@@ -461,6 +461,11 @@ FILTER_BROKEN = {
     # the cutoff at -inf taken where k ends at the last finite score: no winner is left for the tie
     "-inf edge": ("if (over < nsel && nsel <= over + ninf) {  // the cutoff at -inf",
                   "if (over <= nsel && nsel <= over + ninf) {  // the cutoff at -inf"),
+    # the keys read before the scores' bulk copy's wait (session 36): shared memory's old bytes
+    "scores' wait": ("      if (cb == 0) bar_wait(&fbar, 0);\n", ""),
+    # the NaN never counted (the test against the pads past N taken as against the whole row): a row's NaN
+    # are not valid, and its cutoff moves
+    "NaN count": ("if (hist[2047] > FI * THREADS - N) {", "if (hist[2047] > FI * THREADS) {"),
     # the -inf count read from the invalid keys' and NaN's bin (session 36: the counts come from the first
     # digit's bins): the cutoff at -inf taken where the row's pads and NaN decide it
     "-inf bin": ("const int ninf = hist[2047 - 3];", "const int ninf = hist[2047];"),
