@@ -49,8 +49,11 @@ The kernel, one block of ``tile(n)`` threads a row (kind ``row``):
 Kind ``filter`` (session 34): the 1024 tile's rows (8193-16384 candidates) where a launch has more
 rows than ``FILTER_OVER_SMS`` x the device's SMs. A block of 512 threads a row, two blocks an SM: the
 row's score keys go to dynamic shared memory (64 KB, ``FILTER_DYN``), not registers, their first
-11-bit digit counted as they load (16-byte loads where the rows allow; a pad's too, in the lowest
-bin, so no branch). Radix select over them by digits of 11, 11 and 10 bits; each level's winners go
+11-bit digit counted as they load (the scores by one bulk copy on sm_90 and later where N is a
+multiple of 4 and both rows start 16-byte aligned, the ids by 16-byte loads; else 16-byte loads where
+the rows allow; a pad's too, in the lowest bin, so no branch). Nothing else is counted a candidate:
+the valid and -inf counts come from that digit's bins, the NaN from one more pass only where the
+lowest bin holds more than the pads past N. Radix select over them by digits of 11, 11 and 10 bits; each level's winners go
 to shared memory as soon as they are known (where all of level 1's bin wins, their positions are
 compacted by the bits of a thread's mask and their keys and ids gathered; else level 1 reads the ids
 of a group of four holding a winner or a tie again, in one load), and where the exact k-th key ties,
@@ -60,8 +63,8 @@ ordering and the output are the row kind's. H100, graph replay, k = 2048
 256-4096 rows of 9000-16384 (1024 x 16384: 126 against 162 µs), 0.84-0.89x on mass ties, 0.91-0.96x
 on a short context; at 133 rows 0.80-0.96x; at 64 rows (one wave) 1.27x, so it stays off there.
 Session 35's gather and branchless count took 0.87-0.91x more of that time (1024 x 16384: 115 µs).
-Session 36: the load counts only NaN, its valid and -inf counts read from the first digit's bins
-(0.97-0.98x; 1024 x 16384: 111 µs).
+Session 36's bulk copy, counts from the digit's bins and passes with no test for a key of 0 took
+0.93-0.98x more of that time (1024 x 16384: 108.5 µs).
 
 A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
 * kind ``chunks``, a block a chunk (grid rows x chunks): the same selection on the chunk, and its
