@@ -600,12 +600,12 @@ _TMA_IDS = [
          """  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)
   int* ring = reinterpret_cast<int*>(sm.wkey);  // (the ids' two stages of IDS_STAGE during the load)
 """),
-    _lit("""                   ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+    _lit("""  const bool tma = FILTER_TMA && N > 0 && vec;
   if (tid == 0 && tma) {  // (the copy runs while the block zeroes its counts)
     bar_init(&fbar);
     bulk_copy(lk, srow, 4u * (u32)N, &fbar);
   }
-""", """                   ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow) | reinterpret_cast<u64>(ring)) & 15) == 0;
+""", """  const bool tma = FILTER_TMA && N > 0 && vec && (reinterpret_cast<u64>(ring) & 15) == 0;
   if (tid == 0 && tma) {  // (the copies run while the block zeroes its counts)
     bar_init(&fbar);
     bulk_copy(lk, srow, 4u * (u32)N, &fbar);

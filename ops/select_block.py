@@ -950,8 +950,11 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   const i64 row = blockIdx.x;
   const int* srow = reinterpret_cast<const int*>(scores) + row * s_sq;
   const int* irow = ids + row * s_iq;
-  const bool tma = FILTER_TMA && N > 0 && (N & 3) == 0 &&
-                   ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+  // the row's score keys to lk, level 1's first digit counted. The scores by the bulk copy (tma: sm_90 on, N a
+  // multiple of 4 and both rows 16-byte aligned; session 36: 0.95-0.97x the time on random scores) and the ids
+  // by 16-byte loads, four groups at a time; else both by 16-byte loads where the rows allow them (vec)
+  const bool vec = (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
+  const bool tma = FILTER_TMA && N > 0 && vec;
   if (tid == 0 && tma) {  // (the copy runs while the block zeroes its counts)
     bar_init(&fbar);
     bulk_copy(lk, srow, 4u * (u32)N, &fbar);
@@ -959,10 +962,6 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   if (tid == 0) reset_shared(sm);
   for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
   __syncthreads();
-  // the row's score keys to lk, level 1's first digit counted. The scores by the bulk copy (tma: sm_90 on, N a
-  // multiple of 4 and both rows 16-byte aligned; session 36: 0.95-0.97x the time on random scores) and the ids
-  // by 16-byte loads, four groups at a time; else both by 16-byte loads where the rows allow them
-  const bool vec = (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
   if (tma) {
 #pragma unroll 1
     for (int cb = 0; cb < FV; cb += 4) {
