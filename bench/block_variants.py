@@ -829,10 +829,45 @@ __device__ __noinline__ int fcut(u32* lk, int* hist, int need, const int* irow, 
     const int over = nvalid"""),
 ]
 
+# tma_split (session 36, untimed): the scores' bulk copy in four of 16 KB (4,096 candidates, two groups), each
+# on its own mbarrier, so that a thread turns its first groups into keys while the rest of the row lands.
+_TMA_SPLIT = [
+    _lit("  __shared__ u64 fbar;  // (the scores' bulk copy's mbarrier)\n",
+         "  __shared__ u64 fbar[4];  // (tma_split: the scores' four bulk copies' mbarriers)\n"),
+    _lit("""    bar_init(&fbar);
+    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+  }
+""", """    for (int i = 0; i < 4; ++i) {
+      bar_init(&fbar[i]);
+      const int n = min(4096, N - 4096 * i);
+      if (n > 0) bulk_copy(lk + 4096 * i, srow + 4096 * i, 4u * (u32)n, &fbar[i]);
+    }
+  }
+"""),
+    _lit("""      if (cb == 0) bar_wait(&fbar, 0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+""", """#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        if (((cb + u) & 1) == 0 && (cb + u) * 4 * THREADS < N) bar_wait(&fbar[(cb + u) >> 1], 0);  // (a chunk's first group)
+"""),
+]
+# ids_all (session 36, untimed): the bulk-copy load's two rounds of four id loads unrolled, so that the second
+# round's loads may issue before the first round's keys are counted.
+_IDS_ALL = [
+    _lit("""  if (tma) {
+#pragma unroll 1
+    for (int cb = 0; cb < FV; cb += 4) {""", """  if (tma) {
+#pragma unroll
+    for (int cb = 0; cb < FV; cb += 4) {  // (ids_all)"""),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
-            "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST}
+            "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
+            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -16,6 +16,10 @@
 #   VARIANTS="emit_u32 cut_list rank_keys cut_list+emit_u32" CELLS=16384x1024,16384x4096,9000x1024,16384x64 \
 #     PROFILE= FUZZ=8 bash bench/block_variants_gpu.sh   (session 36's call 2, count_nan since shipped: emit_u32
 #     0.99x, cut_list and rank_keys 1.01-1.04x)
+#   VARIANTS="tma_split ids_all tma_split+ids_all cut_list emit_u32" CELLS=16384x1024,16384x4096,9000x1024,16384x256 \
+#     PROFILE= FUZZ=15 TESTS_ON=tma_split+ids_all bash bench/block_variants_gpu.sh   (the next call: the scores'
+#     copy in four and the ids' loads unrolled, untimed; cut_list and emit_u32 again on session 36's shipped text,
+#     where nvcc now gives both 64 registers and no spills)
 # Before a call: every variant passes the CPU runner's tests, and nvcc compiles its CUDA side (the runner
 # compiles only the #else side of its GPU-only code; session 35's first call stopped at an NVRTC error)
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py

@@ -238,11 +238,12 @@ def _filter_tma_cases():
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-@pytest.mark.parametrize("name", ["tma_ids"])
+@pytest.mark.parametrize("name", ["tma_ids", "tma_split+ids_all"])
 def test_filter_tma_is_exact_on_the_cpu(tmp_path, name):
     """Variant ``tma_ids``: the filter kind's ids by bulk copies too (its scores by one, as shipped since
     session 36; the CPU runner lands a copy at the first wait on its barrier), through a ring of two
-    stages; against the packed-key reference, two schedules."""
+    stages; ``tma_split``: the scores' copy in four, each on its own barrier; against the packed-key
+    reference, two schedules."""
     run = BlockOnCpu(_variant_module(tmp_path, name))
     for (scores, ids), k in _filter_tma_cases():
         for seed in (0, 3):
@@ -257,6 +258,9 @@ TMA_SLIPS = {
     "ids' wait": ("tma_ids", "      if (c * IDS_STAGE < N) bar_wait(&ibar[s], (u32)(c >> 1) & 1u);\n", ""),
     # a slot refilled before every thread has read it: some threads read the stage after next
     "slot freed early": ("tma_ids", "      __syncthreads();  // (every thread has read the slot", "      // ("),
+    # only the first of the scores' four copies waited for: the later groups read shared memory's old bytes
+    "chunk waits": ("tma_split", "if (((cb + u) & 1) == 0 && (cb + u) * 4 * THREADS < N) bar_wait(&fbar[(cb + u) >> 1], 0);",
+                    "if (cb + u == 0) bar_wait(&fbar[0], 0);"),
 }
 
 
