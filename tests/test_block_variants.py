@@ -228,9 +228,9 @@ def test_a_slip_in_the_prefetch_fails_on_the_cpu(tmp_path, slip):
             check_equal(run(scores, ids, 700, seed=seed), ref_python(scores, ids, 700), f"prefetch slip {slip}")
 
 
-def _filter_tma_cases():
-    """Rows of the filter's tile: 16-byte aligned (the bulk copy), a view one column in (the loads as
-    shipped), mass ties, pads, N not a multiple of 4."""
+def _bulk_copy_cases():
+    """Rows of the filter's tile for the bulk-copy variants (filter_tma shipped in session 36): 16-byte
+    aligned (the bulk copy), a view one column in (the threads' loads), mass ties, pads, N not a multiple of 4."""
     view = make_case("ties", 2, 12001, 2048, seed=2)
     return [(make_case("nandups", 2, 16384, 2048, seed=1), 2048), (make_case("padding", 2, 9000, 700, seed=3), 700),
             ((view[0][:, 1:], view[1][:, 1:]), 2048), (_mass_tie("nan_pairs", 2, 12000, seed=4), 1111),
@@ -239,13 +239,13 @@ def _filter_tma_cases():
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 @pytest.mark.parametrize("name", ["tma_ids", "tma_split+ids_all"])
-def test_filter_tma_is_exact_on_the_cpu(tmp_path, name):
+def test_bulk_copy_variants_are_exact_on_the_cpu(tmp_path, name):
     """Variant ``tma_ids``: the filter kind's ids by bulk copies too (its scores by one, as shipped since
     session 36; the CPU runner lands a copy at the first wait on its barrier), through a ring of two
     stages; ``tma_split``: the scores' copy in four, each on its own barrier; against the packed-key
     reference, two schedules."""
     run = BlockOnCpu(_variant_module(tmp_path, name))
-    for (scores, ids), k in _filter_tma_cases():
+    for (scores, ids), k in _bulk_copy_cases():
         for seed in (0, 3):
             got = run(scores, ids, k, seed=seed, n_sm=0)
             check_equal(got, ref_packed(scores.contiguous(), ids.contiguous(), k), f"{name} {tuple(scores.shape)} k={k}")
@@ -253,7 +253,7 @@ def test_filter_tma_is_exact_on_the_cpu(tmp_path, name):
 
 
 # a slip in a bulk-copy variant: (variant, the good text, the slip's)
-TMA_SLIPS = {
+BULK_SLIPS = {
     # the ids read before their stage's wait: the ring's old bytes
     "ids' wait": ("tma_ids", "      if (c * IDS_STAGE < N) bar_wait(&ibar[s], (u32)(c >> 1) & 1u);\n", ""),
     # a slot refilled before every thread has read it: some threads read the stage after next
@@ -265,12 +265,12 @@ TMA_SLIPS = {
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-@pytest.mark.parametrize("slip", list(TMA_SLIPS))
-def test_a_slip_in_the_filter_tma_fails_on_the_cpu(tmp_path, slip):
-    name, good, bad = TMA_SLIPS[slip]
+@pytest.mark.parametrize("slip", list(BULK_SLIPS))
+def test_a_slip_in_a_bulk_copy_variant_fails_on_the_cpu(tmp_path, slip):
+    name, good, bad = BULK_SLIPS[slip]
     run = BlockOnCpu(_variant_module(tmp_path, name, (good, bad)))
     with pytest.raises((AssertionError, RuntimeError)):
-        for (scores, ids), k in _filter_tma_cases():
+        for (scores, ids), k in _bulk_copy_cases():
             check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), f"{name} slip {slip}")
 
 
