@@ -9,8 +9,9 @@ replay) so the stamps' own cost shows. Each cell is checked against the GPU test
                                   [--module variant.py]   (a variant of bench/block_variants.py)
                                   [--kind filter]   (the filter kind, rows of 8193-16384, at every row count)
 
-Per cell it prints each phase's median cycles over the blocks, the median block duration (ns) and
-how many blocks shared an SM at once (the most blocks whose [start, end] overlap on one SM), and
+Per cell it prints each phase's median cycles over the blocks, the median block duration (ns),
+how many blocks shared an SM at once (the most blocks whose [start, end] overlap on one SM), how the
+block scheduler placed the first wave (``first_wave``: which blocks shared an SM), and
 the function's registers and local-memory bytes a thread. Bench only: the stamps go in by text edits
 of ``select_block.SOURCE`` at anchors that must be found once each, or the script stops.
 """
@@ -77,6 +78,9 @@ END = r"""
     st[NSTAMP + 3] = (int)(_g0 >> 32);
     st[NSTAMP + 4] = (int)(g1 & 0xffffffffu);
     st[NSTAMP + 5] = (int)(g1 >> 32);
+    u32 nsm;
+    asm volatile("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+    st[NSTAMP + 6] = (int)nsm;
   }
 }
 """
@@ -166,6 +170,18 @@ def overlap(st) -> int:
     return best
 
 
+def first_wave(st, n_sm: int) -> dict:
+    """How the block scheduler placed the first wave (blocks below 2 x n_sm): the share of blocks i < n_sm
+    whose SM also ran block i + n_sm, and of even blocks i whose SM also ran block i + 1; and %nsmid."""
+    sm = st[:, NS + 1].tolist()
+    w = min(len(sm), 2 * n_sm)
+    plus_n = [sm[i] == sm[i + n_sm] for i in range(0, w - n_sm)]
+    plus_1 = [sm[i] == sm[i + 1] for i in range(0, w - 1, 2)]
+    return dict(same_sm_i_i_plus_nsm=sum(plus_n) / max(len(plus_n), 1),
+                same_sm_even_odd=sum(plus_1) / max(len(plus_1), 1), nsmid=int(st[0, NS + 6]),
+                first_smids=sm[:8])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -232,11 +248,12 @@ def main(argv=None) -> int:
                 prev = cyc[:, j]
             c = dict(n=n, q=q, pattern=pat, tile=tile_name(t), exact=exact, shipped_us=shipped * 1e3, stamped_us=stamped * 1e3,
                      block_cycles=statistics.median(total.tolist()), block_ns=dur, per_sm=overlap(rows[0]),
-                     phases=phases)
+                     phases=phases, first_wave=first_wave(rows[0], n_sm))
             rec["cells"].append(c)
             print(f"{pat:6s} {q:5d} x {n:6d} tile {tile_name(t)}  shipped {c['shipped_us']:7.1f} us  stamped {c['stamped_us']:7.1f}  "
                   f"exact {exact}  block {c['block_cycles']:.0f} cyc {dur / 1e3:.1f} us  per SM {c['per_sm']}", flush=True)
             print("    " + "  ".join(f"{k} {v:.0f}" for k, v in phases.items()), flush=True)
+            print(f"    first wave: {c['first_wave']}", flush=True)
     with open(a.out, "w") as f:
         json.dump(rec, f, indent=1)
     return 0

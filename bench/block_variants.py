@@ -863,11 +863,39 @@ _IDS_ALL = [
 #pragma unroll
     for (int cb = 0; cb < FV; cb += 4) {  // (ids_all)"""),
 ]
+# the first wave's blocks staggered: two blocks an SM load their rows at once (the load phase is the HBM's
+# whole bandwidth for the SM's share: 2 x 128 KB in 20,400 cycles on an H100, session 36) and then both
+# compute, round after round. One of the first wave's two blocks an SM waits STAGGER_D cycles first, so that
+# from then on one block an SM loads while the other computes. Which block shares an SM with which is the
+# block scheduler's: stagger takes blocks [nsm, 2 nsm) as the second on each SM (%nsmid), stagger_odd the odd
+# ones below 2 nsm. Timing only: nothing in the row's result depends on it
+def _stagger(who: str, cycles: int) -> list:
+    anchor = "  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)\n"
+    return [_lit(anchor, anchor + f"""#if defined(__CUDA_ARCH__)
+  {{
+    u32 nsm;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+    if ({who}) {{
+      if (threadIdx.x == 0) {{
+        const long long t0 = clock64();
+        while (clock64() - t0 < {cycles}) __nanosleep(200);
+      }}
+      __syncthreads();
+    }}
+  }}
+#endif
+""")]
+
+
+_STAGGER = _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 10000)
+_STAGGER_ODD = _stagger("(blockIdx.x & 1) && blockIdx.x < 2 * nsm", 10000)
+_STAGGER20 = _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 20000)
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL}
+            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL,
+            "stagger": _STAGGER, "stagger_odd": _STAGGER_ODD, "stagger20": _STAGGER20}
 
 
 def _edit(text: str, edit, what: str) -> str:
