@@ -887,6 +887,45 @@ def _stagger(who: str, cycles: int) -> list:
 """)]
 
 
+# the same by a lease, whatever the scheduler's placement: thread 0 swaps its arrival (the global timer)
+# into its SM's slot of a module global (zero at the module's load) and, where the SM's last block arrived
+# less than ns ago, waits for the rest of that window before its row's load
+def _lease(ns: int) -> list:
+    anchor = "  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)\n"
+    return [_lit("extern \"C\" __global__ void __launch_bounds__(THREADS, MINB)\ntpflare_select_rows(const float* "
+                 "__restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,\n"
+                 "                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, "
+                 "int N, int K,\n                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, "
+                 "int s_op,\n                    const int* __restrict__ stat) {\n  __shared__ Smem sm;\n  extern "
+                 "__shared__ u64 fdyn[];",
+                 "#if defined(__CUDA_ARCH__)\n__device__ unsigned long long filter_arrival[1024];  // (an SM's last "
+                 "block's arrival, ns)\n#endif\n"
+                 "extern \"C\" __global__ void __launch_bounds__(THREADS, MINB)\ntpflare_select_rows(const float* "
+                 "__restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,\n"
+                 "                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, "
+                 "int N, int K,\n                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, "
+                 "int s_op,\n                    const int* __restrict__ stat) {\n  __shared__ Smem sm;\n  extern "
+                 "__shared__ u64 fdyn[];"),
+            _lit(anchor, anchor + f"""#if defined(__CUDA_ARCH__)
+  if (threadIdx.x == 0) {{
+    u32 smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    u64 now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    const u64 prev = atomicExch(&filter_arrival[smid & 1023u], (unsigned long long)now);
+    if ((i64)(now - prev) < {ns}) {{
+      const u64 until = min(prev, now) + {ns};  // (at most ns: a later or stale arrival never holds a block longer)
+      while (now < until) {{
+        __nanosleep(200);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      }}
+    }}
+  }}
+  __syncthreads();
+#endif
+""")]
+
+
 _STAGGER = _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 10000)
 _STAGGER_ODD = _stagger("(blockIdx.x & 1) && blockIdx.x < 2 * nsm", 10000)
 _STAGGER20 = _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 20000)
@@ -895,7 +934,8 @@ VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": 
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
             "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL,
-            "stagger": _STAGGER, "stagger_odd": _STAGGER_ODD, "stagger20": _STAGGER20}
+            "stagger": _STAGGER, "stagger_odd": _STAGGER_ODD, "stagger20": _STAGGER20,
+            "lease": _lease(5000), "lease8": _lease(8000)}
 
 
 def _edit(text: str, edit, what: str) -> str:
