@@ -935,7 +935,8 @@ VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": 
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
             "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL,
             "stagger": _STAGGER, "stagger_odd": _STAGGER_ODD, "stagger20": _STAGGER20,
-            "lease": _lease(5000), "lease8": _lease(8000)}
+            "lease": _lease(5000), "lease8": _lease(8000), "lease3": _lease(3000),
+            "stagger6": _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 6000)}
 
 
 def _edit(text: str, edit, what: str) -> str:
