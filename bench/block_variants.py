@@ -601,20 +601,24 @@ _TMA_IDS = [
   int* ring = reinterpret_cast<int*>(sm.wkey);  // (the ids' two stages of IDS_STAGE during the load)
 """),
     _lit("""  const bool tma = FILTER_TMA && N > 0 && vec;
-  if (tid == 0 && tma) {  // (the copy runs while the block zeroes its counts)
-    bar_init(&fbar);
-    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
-  }
-""", """  const bool tma = FILTER_TMA && N > 0 && vec && (reinterpret_cast<u64>(ring) & 15) == 0;
-  if (tid == 0 && tma) {  // (the copies run while the block zeroes its counts)
-    bar_init(&fbar);
-    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
-    for (int s = 0; s < 2; ++s) {
-      bar_init(&ibar[s]);
-      const int n = min(IDS_STAGE, N - s * IDS_STAGE);
-      if (n > 0) bulk_copy(ring + s * IDS_STAGE, irow + s * IDS_STAGE, 4u * (u32)n, &ibar[s]);
+  if (tid == 0) {  // (thread 0 takes the SM's turn; the copy runs while the block zeroes its counts)
+    take_turn(N);
+    if (tma) {  // (the scores' bulk copy)
+      bar_init(&fbar);
+      bulk_copy(lk, srow, 4u * (u32)N, &fbar);
     }
-  }
+""", """  const bool tma = FILTER_TMA && N > 0 && vec && (reinterpret_cast<u64>(ring) & 15) == 0;
+  if (tid == 0) {  // (the copies run while the block zeroes its counts)
+    take_turn(N);
+    if (tma) {  // (the scores' bulk copy)
+      bar_init(&fbar);
+      bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+      for (int s = 0; s < 2; ++s) {
+        bar_init(&ibar[s]);
+        const int n = min(IDS_STAGE, N - s * IDS_STAGE);
+        if (n > 0) bulk_copy(ring + s * IDS_STAGE, irow + s * IDS_STAGE, 4u * (u32)n, &ibar[s]);
+      }
+    }
 """),
     ("  if (tma) {\n", "  } else {\n", """  if (tma) {  // the scores in lk and the ids through the ring by bulk copies
     bar_wait(&fbar, 0);
@@ -834,15 +838,15 @@ __device__ __noinline__ int fcut(u32* lk, int* hist, int need, const int* irow, 
 _TMA_SPLIT = [
     _lit("  __shared__ u64 fbar;  // (the scores' bulk copy's mbarrier)\n",
          "  __shared__ u64 fbar[4];  // (tma_split: the scores' four bulk copies' mbarriers)\n"),
-    _lit("""    bar_init(&fbar);
-    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
-  }
-""", """    for (int i = 0; i < 4; ++i) {
-      bar_init(&fbar[i]);
-      const int n = min(4096, N - 4096 * i);
-      if (n > 0) bulk_copy(lk + 4096 * i, srow + 4096 * i, 4u * (u32)n, &fbar[i]);
+    _lit("""      bar_init(&fbar);
+      bulk_copy(lk, srow, 4u * (u32)N, &fbar);
     }
-  }
+""", """      for (int i = 0; i < 4; ++i) {
+        bar_init(&fbar[i]);
+        const int n = min(4096, N - 4096 * i);
+        if (n > 0) bulk_copy(lk + 4096 * i, srow + 4096 * i, 4u * (u32)n, &fbar[i]);
+      }
+    }
 """),
     _lit("""      if (cb == 0) bar_wait(&fbar, 0);
 #pragma unroll
@@ -863,80 +867,15 @@ _IDS_ALL = [
 #pragma unroll
     for (int cb = 0; cb < FV; cb += 4) {  // (ids_all)"""),
 ]
-# the first wave's blocks staggered: two blocks an SM load their rows at once (the load phase is the HBM's
-# whole bandwidth for the SM's share: 2 x 128 KB in 20,400 cycles on an H100, session 36) and then both
-# compute, round after round. One of the first wave's two blocks an SM waits STAGGER_D cycles first, so that
-# from then on one block an SM loads while the other computes. Which block shares an SM with which is the
-# block scheduler's: stagger takes blocks [nsm, 2 nsm) as the second on each SM (%nsmid), stagger_odd the odd
-# ones below 2 nsm. Timing only: nothing in the row's result depends on it
-def _stagger(who: str, cycles: int) -> list:
-    anchor = "  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)\n"
-    return [_lit(anchor, anchor + f"""#if defined(__CUDA_ARCH__)
-  {{
-    u32 nsm;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-    if ({who}) {{
-      if (threadIdx.x == 0) {{
-        const long long t0 = clock64();
-        while (clock64() - t0 < {cycles}) __nanosleep(200);
-      }}
-      __syncthreads();
-    }}
-  }}
-#endif
-""")]
-
-
-# the same by a lease, whatever the scheduler's placement: thread 0 swaps its arrival (the global timer)
-# into its SM's slot of a module global (zero at the module's load) and, where the SM's last block arrived
-# less than ns ago, waits for the rest of that window before its row's load
-def _lease(ns: int) -> list:
-    anchor = "  int* hist = sm.off;  // (the digits' counts; the ordering's bucket sizes after them)\n"
-    return [_lit("extern \"C\" __global__ void __launch_bounds__(THREADS, MINB)\ntpflare_select_rows(const float* "
-                 "__restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,\n"
-                 "                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, "
-                 "int N, int K,\n                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, "
-                 "int s_op,\n                    const int* __restrict__ stat) {\n  __shared__ Smem sm;\n  extern "
-                 "__shared__ u64 fdyn[];",
-                 "#if defined(__CUDA_ARCH__)\n__device__ unsigned long long filter_arrival[1024];  // (an SM's last "
-                 "block's arrival, ns)\n#endif\n"
-                 "extern \"C\" __global__ void __launch_bounds__(THREADS, MINB)\ntpflare_select_rows(const float* "
-                 "__restrict__ scores, const int* __restrict__ ids, const int* __restrict__ pos_in,\n"
-                 "                    int* __restrict__ out_ids, float* __restrict__ out_sc, int* __restrict__ out_pos, "
-                 "int N, int K,\n                    int chunk, int s_sq, int s_iq, int s_pq, int s_oi, int s_os, "
-                 "int s_op,\n                    const int* __restrict__ stat) {\n  __shared__ Smem sm;\n  extern "
-                 "__shared__ u64 fdyn[];"),
-            _lit(anchor, anchor + f"""#if defined(__CUDA_ARCH__)
-  if (threadIdx.x == 0) {{
-    u32 smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    u64 now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    const u64 prev = atomicExch(&filter_arrival[smid & 1023u], (unsigned long long)now);
-    if ((i64)(now - prev) < {ns}) {{
-      const u64 until = min(prev, now) + {ns};  // (at most ns: a later or stale arrival never holds a block longer)
-      while (now < until) {{
-        __nanosleep(200);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-      }}
-    }}
-  }}
-  __syncthreads();
-#endif
-""")]
-
-
-_STAGGER = _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 10000)
-_STAGGER_ODD = _stagger("(blockIdx.x & 1) && blockIdx.x < 2 * nsm", 10000)
-_STAGGER20 = _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 20000)
+# stagger and lease (session 37): one block an SM loads while the other computes, by a first-wave delay or by a
+# lease an SM; the lease (5,000 ns a row of 16384) shipped as the filter kind's take_turn. Their text:
+# commit 9fd72f8 (bench/block_variants.py: _stagger, _lease); their A/Bs:
+# bench/results/block_filter_h100_s37_ab_stagger*.json
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL,
-            "stagger": _STAGGER, "stagger_odd": _STAGGER_ODD, "stagger20": _STAGGER20,
-            "lease": _lease(5000), "lease8": _lease(8000), "lease3": _lease(3000),
-            "stagger6": _stagger("blockIdx.x >= nsm && blockIdx.x < 2 * nsm", 6000)}
+            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL}
 
 
 def _edit(text: str, edit, what: str) -> str:

@@ -64,7 +64,9 @@ ordering and the output are the row kind's. H100, graph replay, k = 2048
 on a short context; at 133 rows 0.80-0.96x; at 64 rows (one wave) 1.27x, so it stays off there.
 Session 35's gather and branchless count took 0.87-0.91x more of that time (1024 x 16384: 115 µs).
 Session 36's bulk copy, counts from the digit's bins and passes with no test for a key of 0 took
-0.93-0.98x more of that time (1024 x 16384: 108.5 µs).
+0.93-0.98x more of that time (1024 x 16384: 108.5 µs). Session 37's turns at the load (a block that
+arrives within a row's load time of its SM's last block waits for the rest of it, so that one block an
+SM loads while the other computes) took 0.95x more at 1024 x 16384 (104 µs).
 
 A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
 * kind ``chunks``, a block a chunk (grid rows x chunks): the same selection on the chunk, and its
@@ -745,6 +747,35 @@ __device__ __forceinline__ void bar_wait(u64*, u32) {}
 #define FILTER_TMA 1
 #endif
 
+#if defined(__CUDA_ARCH__)
+// Turns at the load. Two blocks an SM that load their rows at once share the SM's part of the HBM's bandwidth
+// and then both compute, round after round (session 36, H100: the load 20,400 of a block's 53,400 cycles,
+// all the HBM's bandwidth). So a block that arrives within a row's load time (TURN_NS ns for 16384
+// candidates, in proportion to N) of its SM's last block waits for the rest of that window: from the first
+// wave on, one block an SM loads while the other computes (session 37, H100: 0.95x the time at 1024 x
+// 16384). Timing only: no result depends on it, and no block waits longer than the window. filter_arrival:
+// each SM's last block's arrival on the global timer (zero at the module's load; by %smid)
+#define TURN_NS 5000
+__device__ unsigned long long filter_arrival[1024];
+__device__ __forceinline__ void take_turn(int N) {
+  u32 smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  u64 now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  const u64 prev = atomicExch(&filter_arrival[smid & 1023u], (unsigned long long)now);
+  const i64 window = (i64)N * TURN_NS / (FI * THREADS);
+  if ((i64)(now - prev) < window) {
+    const u64 until = min(prev, now) + (u64)window;  // (a later or stale arrival: at most the window)
+    while (now < until) {
+      __nanosleep(200);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    }
+  }
+}
+#else  // (the CPU runner: the same results with no turns)
+__device__ __forceinline__ void take_turn(int) {}
+#endif
+
 // four candidates' score keys (bits b, ids d), their first 11-bit digit counted into hist, a pad's too (key 0:
 // digit 0, the lowest bin; the passes after the first count only keys in play, and the -inf cutoff is decided
 // from the counts), so that no branch surrounds the atomics. Nothing else is counted a candidate: the valid
@@ -955,11 +986,14 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   // by 16-byte loads, four groups at a time; else both by 16-byte loads where the rows allow them (vec)
   const bool vec = (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
   const bool tma = FILTER_TMA && N > 0 && vec;
-  if (tid == 0 && tma) {  // (the copy runs while the block zeroes its counts)
-    bar_init(&fbar);
-    bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+  if (tid == 0) {  // (thread 0 takes the SM's turn; the copy runs while the block zeroes its counts)
+    take_turn(N);
+    if (tma) {  // (the scores' bulk copy)
+      bar_init(&fbar);
+      bulk_copy(lk, srow, 4u * (u32)N, &fbar);
+    }
+    reset_shared(sm);
   }
-  if (tid == 0) reset_shared(sm);
   for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
   __syncthreads();
   if (tma) {
