@@ -871,11 +871,15 @@ _IDS_ALL = [
 # lease an SM; the lease (5,000 ns a row of 16384) shipped as the filter kind's take_turn. Their text:
 # commit 9fd72f8 (bench/block_variants.py: _stagger, _lease); their A/Bs:
 # bench/results/block_filter_h100_s37_ab_stagger*.json
+# turn4, turn6 (session 37): the filter kind's turn at the load (take_turn) 4,000 and 6,000 ns a row of 16384,
+# not 5,000
+_TURN4 = [_lit("#define TURN_NS 5000\n", "#define TURN_NS 4000\n")]
+_TURN6 = [_lit("#define TURN_NS 5000\n", "#define TURN_NS 6000\n")]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL}
+            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL, "turn4": _TURN4, "turn6": _TURN6}
 
 
 def _edit(text: str, edit, what: str) -> str:
