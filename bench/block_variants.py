@@ -875,11 +875,37 @@ _IDS_ALL = [
 # not 5,000
 _TURN4 = [_lit("#define TURN_NS 5000\n", "#define TURN_NS 4000\n")]
 _TURN6 = [_lit("#define TURN_NS 5000\n", "#define TURN_NS 6000\n")]
+# hist4 (session 37): the load's first-digit counts in four copies, a lane's by lane & 3 (sm.off, and sm.wkey,
+# sm.wpos and sm.mem, free until level 1's winners), summed into sm.off after the load: a warp's atomics on
+# one bin (random normal scores crowd a few bins of the first digit; mass ties one) conflict a quarter as often
+_HIST4 = [
+    _lit("    reset_shared(sm);\n  }\n  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;\n",
+         """    reset_shared(sm);
+  }
+  int* hc1 = reinterpret_cast<int*>(sm.wkey);  // (hist4: the counts' other copies)
+  int* hc2 = sm.wpos;
+  int* hc3 = sm.mem;
+  for (int i = tid; i < NB; i += THREADS) {
+    hist[i] = 0;
+    hc1[i] = 0;
+    hc2[i] = 0;
+    hc3[i] = 0;
+  }
+  int* hmine = (lane & 3) == 0 ? hist : ((lane & 3) == 1 ? hc1 : ((lane & 3) == 2 ? hc2 : hc3));
+"""),
+    _lit("put_keys(b, d, hist)", "put_keys(b, d, hmine)", 2),
+    _lit("  __syncthreads();\n  int nnan = 0;\n", """  __syncthreads();
+  for (int i = tid; i < NB; i += THREADS) hist[i] += hc1[i] + hc2[i] + hc3[i];
+  __syncthreads();
+  int nnan = 0;
+"""),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL, "turn4": _TURN4, "turn6": _TURN6}
+            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL, "turn4": _TURN4, "turn6": _TURN6,
+            "hist4": _HIST4}
 
 
 def _edit(text: str, edit, what: str) -> str:
