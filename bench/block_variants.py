@@ -858,15 +858,8 @@ _TMA_SPLIT = [
         if (((cb + u) & 1) == 0 && (cb + u) * 4 * THREADS < N) bar_wait(&fbar[(cb + u) >> 1], 0);  // (a chunk's first group)
 """),
 ]
-# ids_all (session 36, untimed): the bulk-copy load's two rounds of four id loads unrolled, so that the second
-# round's loads may issue before the first round's keys are counted.
-_IDS_ALL = [
-    _lit("""  if (tma) {
-#pragma unroll 1
-    for (int cb = 0; cb < FV; cb += 4) {""", """  if (tma) {
-#pragma unroll
-    for (int cb = 0; cb < FV; cb += 4) {  // (ids_all)"""),
-]
+# ids_all (session 36): the bulk-copy load's two rounds of id loads unrolled; shipped in session 37 (with the
+# turns at the load, 0.97x the time at 1024 x 16384); its text: commit 9fd72f8
 # stagger and lease (session 37): one block an SM loads while the other computes, by a first-wave delay or by a
 # lease an SM; the lease (5,000 ns a row of 16384) shipped as the filter kind's take_turn. Their text:
 # commit 9fd72f8 (bench/block_variants.py: _stagger, _lease); their A/Bs:
@@ -904,7 +897,7 @@ VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": 
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "tma_split": _TMA_SPLIT, "ids_all": _IDS_ALL, "turn4": _TURN4, "turn6": _TURN6,
+            "tma_split": _TMA_SPLIT, "turn4": _TURN4, "turn6": _TURN6,
             "hist4": _HIST4}
 
 

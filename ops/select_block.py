@@ -66,7 +66,8 @@ Session 35's gather and branchless count took 0.87-0.91x more of that time (1024
 Session 36's bulk copy, counts from the digit's bins and passes with no test for a key of 0 took
 0.93-0.98x more of that time (1024 x 16384: 108.5 µs). Session 37's turns at the load (a block that
 arrives within a row's load time of its SM's last block waits for the rest of it, so that one block an
-SM loads while the other computes) took 0.95x more at 1024 x 16384 (104 µs).
+SM loads while the other computes, where a launch has more blocks than two an SM) and the load's id rounds
+unrolled took 0.93x more at 1024 x 16384 (101.2 µs).
 
 A row of more than ``TILE_N`` candidates (or any row, given a shorter ``chunk``: ``chunking``):
 * kind ``chunks``, a block a chunk (grid rows x chunks): the same selection on the chunk, and its
@@ -752,13 +753,17 @@ __device__ __forceinline__ void bar_wait(u64*, u32) {}
 // and then both compute, round after round (session 36, H100: the load 20,400 of a block's 53,400 cycles,
 // all the HBM's bandwidth). So a block that arrives within a row's load time (TURN_NS ns for 16384
 // candidates, in proportion to N) of its SM's last block waits for the rest of that window: from the first
-// wave on, one block an SM loads while the other computes (session 37, H100: 0.95x the time at 1024 x
-// 16384). Timing only: no result depends on it, and no block waits longer than the window. filter_arrival:
-// each SM's last block's arrival on the global timer (zero at the module's load; by %smid)
+// wave on, one block an SM loads while the other computes (session 37, H100: 0.96x the time at 1024 x
+// 16384, 0.98x at 4096). Only where the launch has more blocks than two an SM (%nsmid): in one wave a turn
+// only delays the second block (session 37: 1.06x the time at 133 rows). Timing only: no result depends on
+// it, and no block waits longer than the window. filter_arrival: each SM's last block's arrival on the
+// global timer (zero at the module's load; by %smid)
 #define TURN_NS 5000
 __device__ unsigned long long filter_arrival[1024];
 __device__ __forceinline__ void take_turn(int N) {
-  u32 smid;
+  u32 nsm, smid;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+  if (gridDim.x <= 2 * nsm) return;  // (one wave)
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   u64 now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
@@ -983,7 +988,9 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   const int* irow = ids + row * s_iq;
   // the row's score keys to lk, level 1's first digit counted. The scores by the bulk copy (tma: sm_90 on, N a
   // multiple of 4 and both rows 16-byte aligned; session 36: 0.95-0.97x the time on random scores) and the ids
-  // by 16-byte loads, four groups at a time; else both by 16-byte loads where the rows allow them (vec)
+  // by 16-byte loads, four groups at a time, both rounds unrolled so that the second's loads may issue before
+  // the first's keys are counted (session 37, with the turns: 0.97x the time); else both by 16-byte loads where
+  // the rows allow them (vec)
   const bool vec = (N & 3) == 0 && ((reinterpret_cast<u64>(srow) | reinterpret_cast<u64>(irow)) & 15) == 0;
   const bool tma = FILTER_TMA && N > 0 && vec;
   if (tid == 0) {  // (thread 0 takes the SM's turn; the copy runs while the block zeroes its counts)
@@ -997,7 +1004,7 @@ tpflare_select_rows(const float* __restrict__ scores, const int* __restrict__ id
   for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
   __syncthreads();
   if (tma) {
-#pragma unroll 1
+#pragma unroll
     for (int cb = 0; cb < FV; cb += 4) {
       int4 idv[4];
 #pragma unroll

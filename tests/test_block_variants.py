@@ -238,7 +238,7 @@ def _bulk_copy_cases():
 
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
-@pytest.mark.parametrize("name", ["tma_ids", "tma_split+ids_all"])
+@pytest.mark.parametrize("name", ["tma_ids", "tma_split"])
 def test_bulk_copy_variants_are_exact_on_the_cpu(tmp_path, name):
     """Variant ``tma_ids``: the filter kind's ids by bulk copies too (its scores by one, as shipped since
     session 36; the CPU runner lands a copy at the first wait on its barrier), through a ring of two
