@@ -16,8 +16,9 @@
 #   VARIANTS="emit_u32 cut_list rank_keys cut_list+emit_u32" CELLS=16384x1024,16384x4096,9000x1024,16384x64 \
 #     PROFILE= FUZZ=8 bash bench/block_variants_gpu.sh   (session 36's call 2, count_nan since shipped: emit_u32
 #     0.99x, cut_list and rank_keys 1.01-1.04x)
-#   (session 37's calls, by _scratch scripts: the turns at the load and ids_all shipped; tma_split+ids_all
-#     1.02x and hist4 1.02-1.04x the time, turn4 and turn6 within 1 %: docs/benchmarks_select_kernel.md)
+#   (session 37's calls ran block_ab.py and block_phases.py directly, their commands in
+#     docs/benchmarks_select_kernel.md: the turns at the load and ids_all shipped; tma_split+ids_all 1.02x and
+#     hist4 1.01-1.04x the time, turn4 and turn6 within 1-2 %)
 #   VARIANTS="tma_split cut_list emit_u32 turn6" CELLS=16384x1024,16384x4096,9000x1024,16384x256,16384x133 \
 #     PROFILE= FUZZ=15 TESTS_ON=tma_split bash bench/block_variants_gpu.sh   (the next call: the scores' copy in
 #     four on the shipped text, untimed alone; cut_list and emit_u32 again, untimed since session 36's count_nan;
