@@ -896,12 +896,63 @@ _HIST4 = [
   int nnan = 0;
 """),
 ]
+# rank_ilp (session 38): a winner's rank in its (sub-)bucket, up to four winners of a thread at once, a step each
+# over their member lists (a warp's steps: the longest list of its lanes, not the sum over its winners of the
+# longest; four loads in flight a lane, not one). Random normal scores' winners crowd about half the buckets
+# (three members a winner on average; a lane's four winners about 12 steps, a warp's about 30 before)
+_RANK_ILP = [
+    ("  int rank[WPER];", "  __syncthreads();  // (the member list's space takes the output order)", """\
+  int rank[WPER];
+#define RG (WPER < 4 ? WPER : 4)  // (winners ranked at once)
+#pragma unroll
+  for (int w0 = 0; w0 < WPER; w0 += RG) {
+    int ro[RG], re[RG];
+    i64 rk[RG];
+    int rp[RG];
+    int len = 0;
+#pragma unroll
+    for (int g = 0; g < RG; ++g) {
+      const int w = w0 + g, i = w * THREADS + tid;
+      ro[g] = 0;
+      re[g] = 0;
+      rk[g] = 0;
+      rp[g] = 0;
+      if (w < WPER && i < nsel) {
+        ro[g] = offs[bk[w]];
+        re[g] = bk[w] + 1 < NB ? offs[bk[w] + 1] : nsel;
+        rk[g] = sm.wkey[i];
+        rp[g] = sm.wpos[i];
+        len = max(len, re[g] - ro[g]);
+      }
+      if (w < WPER) rank[w] = ro[g];
+    }
+#pragma unroll 1
+    for (int st = 0; st < len; ++st) {
+#pragma unroll
+      for (int g = 0; g < RG; ++g) {
+        const int t = ro[g] + st;
+        if (w0 + g < WPER && t < re[g]) {
+          const int j = sm.mem[t];
+          const i64 kj = sm.wkey[j];
+#if MODE & POS_IN  // (equal keys: a duplicate id; then the candidates' positions in the row)
+          rank[w0 + g] += (kj > rk[g] || (kj == rk[g] && __ldg(prow + sm.wpos[j]) < __ldg(prow + rp[g]))) ? 1 : 0;
+#else
+          rank[w0 + g] += (kj > rk[g] || (kj == rk[g] && sm.wpos[j] < rp[g])) ? 1 : 0;
+#endif
+        }
+      }
+    }
+  }
+#undef RG
+  __syncthreads();  // (the member list's space takes the output order)
+"""),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
             "tma_split": _TMA_SPLIT, "turn4": _turn(4000), "turn6": _turn(6000),
-            "hist4": _HIST4}
+            "hist4": _HIST4, "rank_ilp": _RANK_ILP}
 
 
 def _edit(text: str, edit, what: str) -> str:
