@@ -864,10 +864,11 @@ _TMA_SPLIT = [
 # lease an SM; the lease (5,000 ns a row of 16384) shipped as the filter kind's take_turn. Their text:
 # commit 9fd72f8 (bench/block_variants.py: _stagger, _lease); their A/Bs:
 # bench/results/block_filter_h100_s37_ab_stagger*.json
-# turn4, turn6 (session 37): the filter kind's turn at the load (take_turn) 4,000 and 6,000 ns a row of 16384,
-# not 5,000. H100: within 1-2 % of 5,000 (1024 x 16384 random: 106.2 and 103.4 against 104.0 µs)
+# turn4, turn5 (session 37): the filter kind's turn at the load (take_turn) 4,000 and 5,000 ns a row of 16384.
+# 5,000 shipped in session 37; session 38 shipped 6,000 (turn6 then: 0.98-0.99x the time of 5,000 at 512-4096
+# random rows, 0.98-1.01x on mass ties; H100, bench/results/block_filter_h100_s38_*.json). H100, against 5,000: turn4 1.00-1.04x
 def _turn(ns: int) -> list:
-    return [_lit("#define TURN_NS 5000\n", f"#define TURN_NS {ns}\n")]
+    return [_lit("#define TURN_NS 6000\n", f"#define TURN_NS {ns}\n")]
 
 
 # hist4 (session 37): the load's first-digit counts in four copies, a lane's by lane & 3 (sm.off, and sm.wkey,
@@ -899,7 +900,9 @@ _HIST4 = [
 # rank_ilp (session 38): a winner's rank in its (sub-)bucket, up to four winners of a thread at once, a step each
 # over their member lists (a warp's steps: the longest list of its lanes, not the sum over its winners of the
 # longest; four loads in flight a lane, not one). Random normal scores' winners crowd about half the buckets
-# (three members a winner on average; a lane's four winners about 12 steps, a warp's about 30 before)
+# (three members a winner on average; a lane's four winners about 12 steps, a warp's about 30 before).
+# Session 38, H100 (bench/results/block_filter_h100_s38_ab_rank_ilp.json): 1.01-1.10x the time, the rank
+# phase 9,966 cycles against 8,131 (NVRTC: 24 bytes of local memory in the filter kind); not shipped
 _RANK_ILP = [
     ("  int rank[WPER];", "  __syncthreads();  // (the member list's space takes the output order)", """\
   int rank[WPER];
@@ -951,7 +954,7 @@ VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": 
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "tma_split": _TMA_SPLIT, "turn4": _turn(4000), "turn6": _turn(6000),
+            "tma_split": _TMA_SPLIT, "turn4": _turn(4000), "turn5": _turn(5000),
             "hist4": _HIST4, "rank_ilp": _RANK_ILP}
 
 

@@ -19,10 +19,10 @@
 #   (session 37's calls ran block_ab.py and block_phases.py directly, their commands in
 #     docs/benchmarks_select_kernel.md: the turns at the load and ids_all shipped; tma_split+ids_all 1.02x and
 #     hist4 1.01-1.04x the time, turn4 and turn6 within 1-2 %)
-#   VARIANTS="tma_split cut_list emit_u32 turn6" CELLS=16384x1024,16384x4096,9000x1024,16384x256,16384x133 \
-#     PROFILE= FUZZ=15 TESTS_ON=tma_split bash bench/block_variants_gpu.sh   (the next call: the scores' copy in
-#     four on the shipped text, untimed alone; cut_list and emit_u32 again, untimed since session 36's count_nan;
-#     turn6 again)
+#   (session 38's calls ran block_ab.py directly too: tma_split 1.02-1.10x and cut_list 1.01-1.17x the time,
+#     emit_u32 within 1 %, rank_ilp 1.01-1.10x; turn6 0.98-0.99x on random rows, shipped as TURN_NS 6000)
+#   VARIANTS="turn4 turn5" CELLS=16384x1024,16384x4096,16384x512,9000x1024 PROFILE= FUZZ=10 \
+#     bash bench/block_variants_gpu.sh   (the next call, on an H200: the turn's window, tuned on the H100)
 # Before a call: every variant passes the CPU runner's tests, and nvcc compiles its CUDA side (the runner
 # compiles only the #else side of its GPU-only code; session 35's first call stopped at an NVRTC error)
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
