@@ -864,7 +864,7 @@ _TMA_SPLIT = [
 # lease an SM; the lease (5,000 ns a row of 16384) shipped as the filter kind's take_turn. Their text:
 # commit 9fd72f8 (bench/block_variants.py: _stagger, _lease); their A/Bs:
 # bench/results/block_filter_h100_s37_ab_stagger*.json
-# turn4, turn5 (session 37): the filter kind's turn at the load (take_turn) 4,000 and 5,000 ns a row of 16384.
+# turn4 (session 37), turn5 (session 38): the filter kind's turn at the load (take_turn) 4,000 and 5,000 ns a row of 16384.
 # 5,000 shipped in session 37; session 38 shipped 6,000 (turn6 then: 0.98-0.99x the time of 5,000 at 512-4096
 # random rows, 0.98-1.01x on mass ties; H100, bench/results/block_filter_h100_s38_*.json). H100, against 5,000: turn4 1.00-1.04x
 def _turn(ns: int) -> list:
@@ -900,7 +900,8 @@ _HIST4 = [
 # rank_ilp (session 38): a winner's rank in its (sub-)bucket, up to four winners of a thread at once, a step each
 # over their member lists (a warp's steps: the longest list of its lanes, not the sum over its winners of the
 # longest; four loads in flight a lane, not one). Random normal scores' winners crowd about half the buckets
-# (three members a winner on average; a lane's four winners about 12 steps, a warp's about 30 before).
+# (three members a winner on average; a lane's four winners about 12 steps, a warp's about 20 before:
+# python3 bench/order_bucket_sizes.py, its block rank line).
 # Session 38, H100 (bench/results/block_filter_h100_s38_ab_rank_ilp.json): 1.01-1.10x the time, the rank
 # phase 9,966 cycles against 8,131 (NVRTC: 24 bytes of local memory in the filter kind); not shipped
 _RANK_ILP = [

@@ -19,6 +19,12 @@ and the rows still past ``SPLIT`` (those take the second level).
 k-th key) and the bin's own winners, where the bin gave more than ``SPLIT`` and was not taken
 whole, each mapped over its own key range into buckets in proportion to its winners. Printed:
 the rows that took it, the largest bucket of each part, and the rows still past ``SPLIT``.
+
+``block rank`` (``--threads``, 512: the filter kind): the block path's first level (``ops/select_block.py``,
+``order_winners``: always three parts, each part's shift the smallest that maps its range into its buckets)
+and the steps of its rank count, the winners in row order (winner ``i`` is thread ``i % threads``'s): the
+buckets that hold a winner, the members a winner's bucket holds on average, the steps a thread takes (the sum
+over its winners of their buckets' sizes) and a warp (the sum over its winners of its lanes' largest).
 """
 from __future__ import annotations
 
@@ -74,12 +80,39 @@ def largest_in_three_parts(key: torch.Tensor, nb: int) -> int:
     return big
 
 
+def block_rank_steps(key: torch.Tensor, nb: int, threads: int) -> tuple[int, float, float, float]:
+    """order_winners' first level of a row's winners ``key`` (ops/select_block.py): (buckets holding a
+    winner, mean size of a winner's bucket, mean steps a thread, mean steps a warp) of its rank count."""
+    nsel = len(key)
+    ut = int(key.min()) >> 31  # the smallest score key among the winners
+    part = torch.where((key >> 31) == ut, 2, torch.where(key >= 1 << 62, 0, 1))
+    pc = [int((part == p).sum()) for p in range(3)]
+    nbs = [max(1, nb * pc[0] // nsel) if pc[0] else 0, max(1, nb * pc[1] // nsel) if pc[1] else 0]
+    nbs.append(nb - nbs[0] - nbs[1])
+    bucket = torch.empty_like(key)
+    base = 0
+    for p in range(3):
+        if pc[p]:
+            kp = key[part == p]
+            hi, d = int(kp.max()), int(kp.max()) - int(kp.min())
+            sh = max(0, d.bit_length() - nbs[p].bit_length())
+            sh += (d >> sh) >= nbs[p]  # (bitlen_div)
+            bucket[part == p] = base + ((hi - kp) >> sh)
+        base += nbs[p]
+    size = torch.bincount(bucket, minlength=nb)[bucket].float()
+    lane = torch.zeros(threads).index_add_(0, torch.arange(nsel) % threads, size)
+    per_round = torch.nn.functional.pad(size, (0, -nsel % threads)).view(-1, threads // 32, 32)
+    warp = per_round.amax(2).sum(0)
+    return int((torch.bincount(bucket, minlength=nb) > 0).sum()), float(size.mean()), float(lane.mean()), float(warp.mean())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=16384)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--patterns", default="random,ties,short")
+    ap.add_argument("--threads", type=int, default=512, help="the block path's threads a block (block rank)")
     a = ap.parse_args(argv)
     kb = max(2, 1 << (a.k - 1).bit_length())
     for pattern in a.patterns.split(","):
@@ -104,6 +137,10 @@ def main(argv=None) -> int:
                   f"rows past SPLIT: {sum(max(p) > SPLIT.value for p in took)}")
         else:
             print(f"{pattern:7s} N={a.n} k={a.k} {2 * kb} buckets in two parts: no row takes them")
+        steps = [block_rank_steps(row, 2048, a.threads) for row in top]
+        print(f"{pattern:7s} N={a.n} k={a.k} block rank, 2048 buckets, {a.threads} threads (median of rows): "
+              + ", ".join(f"{what} {statistics.median(x[i] for x in steps):.1f}" for i, what in enumerate(
+                  ("buckets holding a winner", "a winner's bucket's size", "steps a thread", "steps a warp"))))
     return 0
 
 
