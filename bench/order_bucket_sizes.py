@@ -41,10 +41,15 @@ from tpflare.ops.ordering import order_keys  # noqa: E402
 from tpflare.ops.radix import SPLIT  # noqa: E402  (radix needs Triton installed, not a GPU)
 
 
-def largest_bucket(key: torch.Tensor, nb: int) -> int:
+def buckets(key: torch.Tensor, nb: int) -> torch.Tensor:
+    """Each key's bucket among ``nb`` over the keys' range, highest first: ``(hi - key) >> sh``, ``sh`` the
+    smallest shift that maps the range into them (the block path's ``bitlen_div``, the same number)."""
     hi, lo = int(key.max()), int(key.min())
-    sh = ((hi - lo) // nb).bit_length()
-    return int(torch.bincount((hi - key) >> sh, minlength=nb).max())
+    return (hi - key) >> ((hi - lo) // nb).bit_length()
+
+
+def largest_bucket(key: torch.Tensor, nb: int) -> int:
+    return int(torch.bincount(buckets(key, nb), minlength=nb).max())
 
 
 def largest_in_parts(key: torch.Tensor, row_keys: torch.Tensor, nb: int) -> tuple[int, int] | None:
@@ -62,48 +67,43 @@ def largest_in_parts(key: torch.Tensor, row_keys: torch.Tensor, nb: int) -> tupl
     return largest_bucket(key[:seg], nb_a), largest_bucket(key[seg:], nb - nb_a)
 
 
-def largest_in_three_parts(key: torch.Tensor, nb: int) -> int:
-    """The largest bucket of radix.part_counts' map of a row's winners ``key``: positive score
-    keys (packed key >= 2**62), negative ones, the tie at the smallest score key, each part over
-    its own range into ``nb * part // len(key)`` buckets (the tie: the rest)."""
+def three_part_buckets(key: torch.Tensor, nb: int, at_least_one: bool = False) -> torch.Tensor:
+    """Each of a row's winners ``key``'s bucket in radix.part_counts' map: positive score keys (packed key
+    >= 2**62), negative ones, the tie at the smallest score key, each part over its own range into
+    ``nb * part // len(key)`` buckets (``at_least_one``: at least 1, as the block path's order_winners; the
+    tie: the rest)."""
     lo = int(key.min())
     tie = (key >> 31) == (lo >> 31)
     pos = (key >= 1 << 62) & ~tie
     neg = ~pos & ~tie
-    big, left = 0, nb
+    out = torch.empty_like(key)
+    base = 0
     for part in (pos, neg, tie):
         c = int(part.sum())
         if c:
-            nb_part = left if part is tie else nb * c // len(key)
-            big = max(big, largest_bucket(key[part], nb_part))
-            left -= nb_part
-    return big
+            nb_part = nb - base if part is tie else nb * c // len(key)
+            nb_part = max(1, nb_part) if at_least_one else nb_part
+            out[part] = base + buckets(key[part], nb_part)
+            base += nb_part
+    return out
+
+
+def largest_in_three_parts(key: torch.Tensor, nb: int) -> int:
+    """The largest bucket of three_part_buckets' map."""
+    return int(torch.bincount(three_part_buckets(key, nb)).max())
 
 
 def block_rank_steps(key: torch.Tensor, nb: int, threads: int) -> tuple[int, float, float, float]:
     """order_winners' first level of a row's winners ``key`` (ops/select_block.py): (buckets holding a
     winner, mean size of a winner's bucket, mean steps a thread, mean steps a warp) of its rank count."""
     nsel = len(key)
-    ut = int(key.min()) >> 31  # the smallest score key among the winners
-    part = torch.where((key >> 31) == ut, 2, torch.where(key >= 1 << 62, 0, 1))
-    pc = [int((part == p).sum()) for p in range(3)]
-    nbs = [max(1, nb * pc[0] // nsel) if pc[0] else 0, max(1, nb * pc[1] // nsel) if pc[1] else 0]
-    nbs.append(nb - nbs[0] - nbs[1])
-    bucket = torch.empty_like(key)
-    base = 0
-    for p in range(3):
-        if pc[p]:
-            kp = key[part == p]
-            hi, d = int(kp.max()), int(kp.max()) - int(kp.min())
-            sh = max(0, d.bit_length() - nbs[p].bit_length())
-            sh += (d >> sh) >= nbs[p]  # (bitlen_div)
-            bucket[part == p] = base + ((hi - kp) >> sh)
-        base += nbs[p]
-    size = torch.bincount(bucket, minlength=nb)[bucket].float()
+    bucket = three_part_buckets(key, nb, at_least_one=True)
+    count = torch.bincount(bucket, minlength=nb)
+    size = count[bucket].float()
     lane = torch.zeros(threads).index_add_(0, torch.arange(nsel) % threads, size)
     per_round = torch.nn.functional.pad(size, (0, -nsel % threads)).view(-1, threads // 32, 32)
     warp = per_round.amax(2).sum(0)
-    return int((torch.bincount(bucket, minlength=nb) > 0).sum()), float(size.mean()), float(lane.mean()), float(warp.mean())
+    return int((count > 0).sum()), float(size.mean()), float(lane.mean()), float(warp.mean())
 
 
 def main(argv=None) -> int:
