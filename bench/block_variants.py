@@ -867,6 +867,8 @@ _TMA_SPLIT = [
 # turn4 (session 37), turn5 (session 38): the filter kind's turn at the load (take_turn) 4,000 and 5,000 ns a row of 16384.
 # 5,000 shipped in session 37; session 38 shipped 6,000 (turn6 then: 0.98-0.99x the time of 5,000 at 512-4096
 # random rows, 0.98-1.01x on mass ties; H100, bench/results/block_filter_h100_s38_*.json). H100, against 5,000: turn4 1.00-1.04x
+# turn7, turn8 (session 39): 7,000 and 8,000 ns, past the load phase's length (H100, 1024 x 16384 random:
+# 13,600-15,100 cycles at 1.98 GHz, 6,900-7,600 ns)
 def _turn(ns: int) -> list:
     return [_lit("#define TURN_NS 6000\n", f"#define TURN_NS {ns}\n")]
 
@@ -956,6 +958,7 @@ VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": 
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
             "tma_split": _TMA_SPLIT, "turn4": _turn(4000), "turn5": _turn(5000),
+            "turn7": _turn(7000), "turn8": _turn(8000),
             "hist4": _HIST4, "rank_ilp": _RANK_ILP}
 
 
