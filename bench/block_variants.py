@@ -868,7 +868,9 @@ _TMA_SPLIT = [
 # 5,000 shipped in session 37; session 38 shipped 6,000 (turn6 then: 0.98-0.99x the time of 5,000 at 512-4096
 # random rows, 0.98-1.01x on mass ties; H100, bench/results/block_filter_h100_s38_*.json). H100, against 5,000: turn4 1.00-1.04x
 # turn7, turn8 (session 39): 7,000 and 8,000 ns, past the load phase's length (H100, 1024 x 16384 random:
-# 13,600-15,100 cycles at 1.98 GHz, 6,900-7,600 ns)
+# 13,600-15,100 cycles at 1.98 GHz, 6,900-7,600 ns). H100, against 6,000, two A/Bs: slower at rows of 16384
+# (random: turn7 1.01-1.03x, turn8 1.02-1.05x), 0.99x at 1024 x 9000, within 0.2 % at 2048 x 12001
+# (bench/results/block_filter_h100_s39_ab_turn78_*.json). So the window stays 6,000 ns.
 def _turn(ns: int) -> list:
     return [_lit("#define TURN_NS 6000\n", f"#define TURN_NS {ns}\n")]
 

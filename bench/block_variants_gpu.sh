@@ -21,7 +21,9 @@
 #     hist4 1.01-1.04x the time, turn4 and turn6 within 1-2 %)
 #   (session 38's calls ran block_ab.py directly too: tma_split 1.02-1.10x and cut_list 1.01-1.17x the time,
 #     emit_u32 within 1 %, rank_ilp 1.01-1.10x; turn6 0.98-0.99x on random rows, shipped as TURN_NS 6000)
-#   VARIANTS="turn4 turn5" CELLS=16384x1024,16384x4096,16384x512,9000x1024 PROFILE= FUZZ=10 \
+#   (session 39's calls ran block_ab.py directly: on an H100, turn4 1.04x, turn5 1.01x, turn7 1.02x and
+#     turn8 1.05x the time of the shipped 6,000 ns at 1024 x 16384 random)
+#   VARIANTS="turn5 turn7" CELLS=16384x1024,16384x4096,16384x512,9000x1024 PROFILE= FUZZ=10 \
 #     bash bench/block_variants_gpu.sh   (the next call, on an H200: the turn's window, tuned on the H100)
 # Before a call: every variant passes the CPU runner's tests, and nvcc compiles its CUDA side (the runner
 # compiles only the #else side of its GPU-only code; session 35's first call stopped at an NVRTC error)
