@@ -92,8 +92,10 @@ def stamped_source(tile) -> str:
     src = sb.source(tile, KIND)
     head = (f"#define NSTAMP {NS}\n__shared__ long long _ts[NSTAMP];\n"
             "#define STAMP(i) do { if (threadIdx.x == 0) _ts[i] = clock64(); } while (0)\n")
-    start = "  const int lane = tid & 31;\n  const i64 row = blockIdx.x;\n"
-    assert src.count(start) == 1, "anchor: the kernel's start"
+    starts = [a for a in ("  const int lane = tid & 31;\n  const i64 row = blockIdx.x;\n",
+                          "  const int tid = threadIdx.x;\n  const i64 row = blockIdx.x;\n") if a in src]
+    assert len(starts) == 1 and src.count(starts[0]) == 1, "anchor: the kernel's start"
+    start = starts[0]
     src = src.replace(start, start + "  if (tid == 0) { for (int i = 0; i < NSTAMP; ++i) _ts[i] = 0; }\n"
                       "  STAMP(0);\n  u64 _g0 = 0;\n  if (tid == 0) asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(_g0));\n")
     for i, (name, anchors, where) in enumerate(STAMPS, 1):

@@ -875,6 +875,212 @@ def _turn(ns: int) -> list:
     return [_lit("#define TURN_NS 6000\n", f"#define TURN_NS {ns}\n")]
 
 
+# lazy_ids (session 40, not yet timed): the filter kind's bulk-copy load takes the score keys only, every
+# candidate of the row as valid, and reads no id (half the load's bytes, no id loads by the threads). Lazy keys
+# are exact where every winner, and every candidate tied at the cutoff, has a valid id: the valid candidates'
+# order is the same, and the invalid ones come after them all. Level 1's emit reads those ids anyway (the
+# winners' gather, the tie's groups) and flags an invalid one (sm.lazy_bad); then, or where the lazy counts put
+# the cutoff at -inf or below (a short context's pads), the row's keys are taken again with its ids (fids) and
+# the selection (fselect) runs once more. Exact on the CPU runner (tests/test_select_block_cpu.py
+# --block-module, and its invalid-ids case); nvcc: 64 registers, 4 bytes spilled
+_LAZY_IDS = [
+    ('  int nnan = 0;', '  if (nsel > 0) {  // (with no winner',
+     r"""  // Lazy keys (the bulk copy's load) are exact where every winner, and every candidate tied at the cutoff, has a
+  // valid id: the valid candidates' order is the same, and the invalid ones (key 0 with their ids) all come
+  // after. Level 1's emit reads those ids and flags an invalid one (sm.lazy_bad); then, or where the cutoff is
+  // at -inf or below, the row's keys are taken again with its ids (fids) and the selection runs once more.
+  int nsel = fselect(lk, hist, K, N, irow, vec, tma, sm);
+  if (tma) {
+    __syncthreads();
+    if (nsel < 0 || sm.lazy_bad) {  // (the same for every thread)
+      __syncthreads();
+      if (tid == 0) reset_shared(sm);
+      for (int i = tid; i < NB; i += THREADS) hist[i] = 0;
+      __syncthreads();
+      fids(lk4, hist, srow, irow, N, nsel >= 0);
+      __syncthreads();
+      nsel = fselect(lk, hist, K, N, irow, vec, false, sm);
+    }
+  }
+  if (nsel > 0) {  // (with no winner, no barrier orders a thread's reading of the counts before another's zeroing)
+"""),
+    _lit('nnan, wcount;\n',
+         'nnan, wcount, lazy_bad;\n'),
+    _lit('  sm.wcount = 0;\n',
+         r"""  sm.wcount = 0;
+  sm.lazy_bad = 0;
+"""),
+    _lit("// A level's winners to sm.wkey / sm.wpos from slot wn on:",
+         r"""// The row's keys with their ids, after a lazy load (score keys only, every candidate taken as valid): each
+// group of four's ids by one 16-byte load (the rows allow it: the bulk copy's condition), an invalid
+// candidate's key 0, the first digit counted again into hist (zeroed). reread: the scores read again too (level
+// 1's emit has rewritten lk); else lk still holds the score keys.
+__device__ __noinline__ void fids(uint4* lk4, int* hist, const int* srow, const int* irow, int N, bool reread) {
+  const int tid = threadIdx.x;
+#pragma unroll 2
+  for (int c = 0; c < FV; ++c) {
+    const int q4 = c * THREADS + tid;
+    const bool in = 4 * q4 < N;
+    const int4 iv = in ? __ldg(reinterpret_cast<const int4*>(irow) + q4) : make_int4(-1, -1, -1, -1);
+    const int d[4] = {iv.x, iv.y, iv.z, iv.w};
+    if (reread) {
+      const int4 sv = in ? __ldg(reinterpret_cast<const int4*>(srow) + q4) : make_int4(0, 0, 0, 0);
+      const int b[4] = {sv.x, sv.y, sv.z, sv.w};
+      lk4[q4] = put_keys(b, d, hist);
+    } else {  // (an in-row score key is never 0: order_key)
+      const uint4 v = lk4[q4];
+      u32 kk[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (d[j] < 0) kk[j] = 0u;
+        atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);
+      }
+      lk4[q4] = make_uint4(kk[0], kk[1], kk[2], kk[3]);
+    }
+  }
+}
+
+// A level's winners to sm.wkey / sm.wpos from slot wn on:"""),
+    _lit(r"""  u32 umin = 0xFFFFFFFFu;
+  if (lvl == 1 && all) {""",
+         r"""  u32 umin = 0xFFFFFFFFu;
+  bool bad = false;  // (level 1: an invalid winner, or an invalid candidate tied at T)
+  if (lvl == 1 && all) {"""),
+    _lit('        const u32 sk = lk[pu[u]];\n',
+         r"""        const u32 sk = lk[pu[u]];
+        bad |= idu[u] < 0;
+"""),
+    _lit('          if ((win >> (4 * c + j)) & 1u) {\n',
+         r"""          if ((win >> (4 * c + j)) & 1u) {
+            bad |= lvl == 1 && idj[j] < 0;
+"""),
+    _lit('            const bool tie = x[u][j] != 0 && x[u][j] == T;\n',
+         r"""            const bool tie = x[u][j] != 0 && x[u][j] == T;
+            bad |= lvl == 1 && tie && idj[j] < 0;
+"""),
+    _lit(r"""  return wn + total;
+}
+""",
+         r"""  if (bad) sm.lazy_bad = 1;  // (read only after a lazy load's selection)
+  return wn + total;
+}
+
+// The row's winners from its level keys in lk (the first digit counted in hist) to sm.wkey / sm.wpos; returns
+// their number (nsel), or -1 where lazy keys (every candidate taken as valid) put the cutoff at -inf or below (a
+// short context's pads: id -1, score -inf), so that the ids are needed before any pass.
+__device__ __forceinline__ int fselect(u32* lk, int* hist, int K, int N, const int* irow, bool vec, bool lazy,
+                                       Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const uint4* lk4 = reinterpret_cast<const uint4*>(lk);
+  int nnan = 0;
+  if (hist[2047] > FI * THREADS - N) {  // invalid ids or NaN in the row (the same for every thread): NaN counted
+#pragma unroll
+    for (int c = 0; c < FV; ++c) {
+      const uint4 v = lk4[c * THREADS + tid];
+      nnan += (v.x == KEY_NAN) + (v.y == KEY_NAN) + (v.z == KEY_NAN) + (v.w == KEY_NAN);
+    }
+    nnan = __reduce_add_sync(FULL, nnan);
+    if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
+    __syncthreads();
+  }
+  // the first digit's bins (hist[2047 - digit]): digit 0 holds the invalid keys (0) and NaN's (1), digit 3
+  // only -inf's (0x007fffff), digits 1-2 none (order_key)
+  nnan = sm.nnan;
+  const int ninf = hist[2047 - 3];
+  const int nvalid = FI * THREADS - hist[2047] + nnan;
+  const int over = nvalid - ninf - nnan;  // above -inf
+  const int nsel = min(K, nvalid);
+  if (lazy && nsel > over) return -1;  // (a shortcut: level 1's emit would flag the pads, tied at -inf)
+  if (nsel > 0 && nsel == nvalid) {  // every valid candidate wins
+    femit(lk, 1, 0u, 0, true, 0u, 0u, 0, irow, N, vec, sm);
+  } else if (nsel > 0) {
+    u32 T1, T2, T3;
+    int sh, ab, eq;
+    if (over < nsel && nsel <= over + ninf) {  // the cutoff at -inf (a short context's pads): no passes
+      T1 = KEY_NEGINF;
+      sh = 0;
+      ab = over;
+      eq = ninf;
+    } else {
+      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);
+    }
+    int rem = nsel - ab;
+    int wn = femit(lk, 1, T1, sh, eq == rem, 0u, 0u, 0, irow, N, vec, sm);
+    if (eq > rem) {  // a tie at the exact score key T1: by inverted id among the tied
+      lselect(lk, hist, rem, false, sm, T2, sh, ab, eq);
+      rem -= ab;
+      wn = femit(lk, 2, T2, sh, eq == rem, T1, 0u, wn, irow, N, vec, sm);
+      if (eq > rem) {  // duplicate ids too: by inverted position (distinct)
+        lselect(lk, hist, rem, false, sm, T3, sh, ab, eq);
+        femit(lk, 3, T3, sh, true, T1, T2 & 0x7FFFFFFFu, wn, irow, N, vec, sm);
+      }
+    }
+  }
+  return nsel;
+}
+"""),
+    _lit(r"""  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const i64 row = blockIdx.x;
+  const int* srow""",
+         r"""  const int tid = threadIdx.x;
+  const i64 row = blockIdx.x;
+  const int* srow"""),
+    _lit(r"""  if (tma) {
+#pragma unroll
+    for (int cb = 0; cb < FV; cb += 4) {
+      int4 idv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        idv[u] = 4 * q4 < N ? __ldg(reinterpret_cast<const int4*>(irow) + q4) : make_int4(-1, -1, -1, -1);
+      }
+      if (cb == 0) bar_wait(&fbar, 0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int q4 = (cb + u) * THREADS + tid;
+        const uint4 sv = 4 * q4 < N ? lk4[q4] : make_uint4(0, 0, 0, 0);
+        const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
+        const int d[4] = {idv[u].x, idv[u].y, idv[u].z, idv[u].w};
+        lk4[q4] = put_keys(b, d, hist);
+      }
+    }
+""",
+         r"""  if (tma) {  // lazy: the score keys only, every candidate of the row taken as valid (ids read for winners)
+    bar_wait(&fbar, 0);
+#pragma unroll 4
+    for (int c = 0; c < FV; ++c) {
+      const int q4 = c * THREADS + tid;
+      const bool in = 4 * q4 < N;
+      const uint4 sv = in ? lk4[q4] : make_uint4(0, 0, 0, 0);
+      const int b[4] = {(int)sv.x, (int)sv.y, (int)sv.z, (int)sv.w};
+      const int v = in ? 0 : -1;
+      const int d[4] = {v, v, v, v};
+      lk4[q4] = put_keys(b, d, hist);
+    }
+"""),
+]
+
+
+# ids_l2 (session 40, untimed; with lazy_ids): thread 0 prefetches the row's ids to L2 by one bulk prefetch as the
+# scores' bulk copy starts (no thread loads them), so that level 1's gather of the winners' ids, and a redo
+# with the ids, read L2, not HBM
+_IDS_L2 = [
+    _lit("#elif defined(__CUDA_ARCH__)  // (before sm_90 the threads load the scores too: never called)\n",
+         """__device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {  // (ids_l2)
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+#elif defined(__CUDA_ARCH__)  // (before sm_90 the threads load the scores too: never called)
+__device__ __forceinline__ void prefetch_l2(const void*, u32) {}
+"""),
+    _lit("#else  // (the CPU runner: tests/cuda_on_cpu.h emulates bar_init, bulk_copy and bar_wait)\n",
+         "#else  // (the CPU runner: tests/cuda_on_cpu.h emulates bar_init, bulk_copy and bar_wait)\n"
+         "inline void prefetch_l2(const void*, u32) {}  // (ids_l2: no cache to fill)\n"),
+    _lit("      bulk_copy(lk, srow, 4u * (u32)N, &fbar);\n",
+         "      bulk_copy(lk, srow, 4u * (u32)N, &fbar);\n      prefetch_l2(irow, 4u * (u32)N);  // (ids_l2)\n"),
+]
+
+
 # hist4 (session 37): the load's first-digit counts in four copies, a lane's by lane & 3 (sm.off, and sm.wkey,
 # sm.wpos and sm.mem, free until level 1's winners), summed into sm.off after the load: a warp's atomics on
 # one bin (random normal scores crowd a few bins of the first digit; mass ties one) conflict a quarter as often.
@@ -959,8 +1165,8 @@ VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": 
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
-            "tma_split": _TMA_SPLIT, "turn4": _turn(4000), "turn5": _turn(5000),
-            "turn7": _turn(7000), "turn8": _turn(8000),
+            "tma_split": _TMA_SPLIT, "turn3": _turn(3000), "turn4": _turn(4000), "turn5": _turn(5000),
+            "turn7": _turn(7000), "turn8": _turn(8000), "lazy_ids": _LAZY_IDS, "ids_l2": _IDS_L2,
             "hist4": _HIST4, "rank_ilp": _RANK_ILP}
 
 

@@ -13,7 +13,7 @@ import torch
 
 import cuda_on_cpu
 from block_on_cpu import BlockOnCpu, load_module
-from test_select_kernel_gpu import _mass_tie, check_equal, make_case, ref_packed, ref_python
+from test_select_kernel_gpu import _mass_tie, check_equal, make_case, neginf_cutoff_case, ref_packed, ref_python
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -308,6 +308,48 @@ def test_cut_list_is_exact_on_the_cpu(tmp_path):
         with pytest.raises((AssertionError, RuntimeError)):
             for (scores, ids), k in _cutoff_tie_cases():
                 check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_python(scores, ids, k), f"cut_list slip {bad}")
+
+
+def _lazy_cases():
+    """Rows that take the filter's bulk-copy load (N a multiple of 4, 16-byte aligned): invalid ids with high
+    scores and inside the cutoff's tie, pads with finite scores, a short context's cutoff at -inf, NaN with
+    every id twice, random rows (lazy keys exact as they are)."""
+    from test_select_block_cpu import _invalid_ids_case
+
+    scores, ids, ks = _invalid_ids_case(11)
+    cases = [((scores, ids), k) for k in ks]
+    scores, ids, ks = neginf_cutoff_case(3, 16384)
+    cases += [((scores, ids), k) for k in ks[:3]]
+    return cases + [(make_case("padding", 3, 16384, 2048, seed=3), 2048), (make_case("nandups", 2, 16384, 700, seed=1), 700),
+                    (make_case("random", 2, 16384, 2048, seed=2), 2048)]
+
+
+# a slip in lazy_ids: (the good text, the slip's)
+LAZY_SLIPS = {
+    # the flag never read: an invalid candidate with a high score wins
+    "flag ignored": ("if (nsel < 0 || sm.lazy_bad) {", "if (nsel < 0) {"),
+    # an invalid candidate tied at the cutoff not flagged: it may win by its (wrapped) inverted id
+    "tie unflagged": ("            bad |= lvl == 1 && tie && idj[j] < 0;\n", ""),
+    # the keys taken again from lk, which level 1's emit has rewritten, not from the scores
+    "no reread": ("fids(lk4, hist, srow, irow, N, nsel >= 0);", "fids(lk4, hist, srow, irow, N, false);"),
+}
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_lazy_ids_is_exact_on_the_cpu(tmp_path):
+    """Variant ``lazy_ids`` (session 40, untimed): the filter's bulk-copy load takes score keys only and reads
+    the ids where level 1 needs them; a row with an invalid winner or tie, or a cutoff at -inf, runs again
+    with its ids. Against the packed-key reference, two schedules; its slips fail."""
+    run = BlockOnCpu(_variant_module(tmp_path, "lazy_ids"))
+    for (scores, ids), k in _lazy_cases():
+        for seed in (0, 3):
+            check_equal(run(scores, ids, k, seed=seed, n_sm=0), ref_packed(scores, ids, k), f"lazy_ids k={k}")
+    assert {kind for _, kind in run.launched} == {"filter"}
+    for slip, (good, bad) in LAZY_SLIPS.items():
+        run = BlockOnCpu(_variant_module(tmp_path, "lazy_ids", (good, bad)))
+        with pytest.raises((AssertionError, RuntimeError)):
+            for (scores, ids), k in _lazy_cases():
+                check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), f"lazy_ids slip {slip}")
 
 
 def _split_string_literals(src: str) -> list[str]:

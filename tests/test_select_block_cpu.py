@@ -426,6 +426,35 @@ def test_filter_ordering_of_clustered_keys(on_cpu, filt, kind):
         check_equal(_filter_run(on_cpu, filt, scores, ids, 2048, s), ref_python(scores, ids, 2048), f"{kind} seed={s}")
 
 
+def _invalid_ids_case(seed: int):
+    """Rows of 16384 (the filter's bulk-copy load: N a multiple of 4, 16-byte aligned) where invalid ids (-1,
+    -2**31, assorted negatives) hold high finite scores: row 0 random scores with 2 % of them invalid, some of
+    the row's best among them; row 1 five score levels, invalid ids inside the tie at the cutoff (-2**31
+    inverts to the largest id key); row 2 invalid only below every cutoff."""
+    g = torch.Generator().manual_seed(seed)
+    q, n = 3, 16384
+    ids = (torch.randperm(4 * n, generator=g)[: q * n].view(q, n)).to(torch.int32)
+    scores = torch.randn(q, n, generator=g)
+    scores[1] = torch.randint(0, 5, (n,), generator=g).float() * 0.25
+    negs = torch.tensor([-1, -(2 ** 31), -2, -(2 ** 30), -12345], dtype=torch.int32)
+    for r, frac in ((0, 0.02), (1, 0.02)):
+        bad = torch.rand(n, generator=g) < frac
+        ids[r] = torch.where(bad, negs[torch.randint(0, len(negs), (n,), generator=g)], ids[r])
+    ids[0, scores[0].argsort(descending=True)[:40:3]] = negs[torch.arange(14) % len(negs)]  # (among the best)
+    low = scores[2].argsort()[: n // 4]
+    ids[2, low[::7]] = negs[torch.arange(len(low[::7])) % len(negs)]
+    return scores.contiguous(), ids.contiguous(), (2048, 700, 1)
+
+
+def test_filter_invalid_ids_with_scores(on_cpu, filt):
+    """Invalid ids with finite, high scores, and inside the tie at the cutoff (every row here takes the bulk
+    copy's load; bench/block_variants.py's lazy_ids reads their ids only after a first selection); against
+    the plain Python sort."""
+    scores, ids, ks = _invalid_ids_case(11)
+    for k in ks:
+        check_equal(_filter_run(on_cpu, filt, scores, ids, k, k), ref_python(scores, ids, k), f"invalid ids k={k}")
+
+
 def test_filter_fuzzed_cases(on_cpu, filt):
     """Cases of tools/fuzz_select.py's input kinds at rows of the filter's tile (8193-16384), k of 1-2048."""
     import os
@@ -485,6 +514,8 @@ def test_a_broken_filter_fails_here(request, monkeypatch, on_cpu, filt, slip):
              make_case("padding", 2, 9000, 2048, seed=3) + (2048,), make_case("padding", 2, 16384, 1, seed=5) + (1,)]
     cases += [_mass_tie("nan_pairs", 2, n, seed=n) + (k,) for n, k in ((9000, 1111), (16384, 2047), (12001, 1))]
     scores, ids, ks = neginf_cutoff_case(3, 9000)
+    cases += [(scores, ids, k) for k in ks]
+    scores, ids, ks = _invalid_ids_case(11)
     cases += [(scores, ids, k) for k in ks]
     with pytest.raises((AssertionError, RuntimeError)):
         for scores, ids, k in cases:
