@@ -340,16 +340,17 @@ def test_lazy_ids_is_exact_on_the_cpu(tmp_path):
     """Variant ``lazy_ids`` (session 40, untimed): the filter's bulk-copy load takes score keys only and reads
     the ids where level 1 needs them; a row with an invalid winner or tie, or a cutoff at -inf, runs again
     with its ids. Against the packed-key reference, two schedules; its slips fail."""
+    cases = [((scores, ids), k, ref_packed(scores, ids, k)) for (scores, ids), k in _lazy_cases()]
     run = BlockOnCpu(_variant_module(tmp_path, "lazy_ids"))
-    for (scores, ids), k in _lazy_cases():
+    for (scores, ids), k, ref in cases:
         for seed in (0, 3):
-            check_equal(run(scores, ids, k, seed=seed, n_sm=0), ref_packed(scores, ids, k), f"lazy_ids k={k}")
+            check_equal(run(scores, ids, k, seed=seed, n_sm=0), ref, f"lazy_ids k={k}")
     assert {kind for _, kind in run.launched} == {"filter"}
     for slip, (good, bad) in LAZY_SLIPS.items():
         run = BlockOnCpu(_variant_module(tmp_path, "lazy_ids", (good, bad)))
         with pytest.raises((AssertionError, RuntimeError)):
-            for (scores, ids), k in _lazy_cases():
-                check_equal(run(scores, ids, k, seed=1, n_sm=0), ref_packed(scores, ids, k), f"lazy_ids slip {slip}")
+            for (scores, ids), k, ref in cases:
+                check_equal(run(scores, ids, k, seed=1, n_sm=0), ref, f"lazy_ids slip {slip}")
 
 
 def _split_string_literals(src: str) -> list[str]:
