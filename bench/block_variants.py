@@ -882,7 +882,10 @@ def _turn(ns: int) -> list:
 # winners' gather, the tie's groups) and flags an invalid one (sm.lazy_bad); then, or where the lazy counts put
 # the cutoff at -inf or below (a short context's pads), the row's keys are taken again with its ids (fids) and
 # the selection (fselect) runs once more. Exact on the CPU runner (tests/test_select_block_cpu.py
-# --block-module, and its invalid-ids case); nvcc: 64 registers, 4 bytes spilled
+# --block-module, and its invalid-ids case); nvcc: 64 registers, 4 bytes spilled. Session 41, H100, against the
+# shipped kernel: exact (GPU tests, fuzz) and slower, 1.08x at 1024 x 16384 random (108.0 against 100.1 µs),
+# 1.10-1.17x on short contexts (the ids read twice), 1.03-1.10x elsewhere; its load phase only 7 % shorter
+# (bench/results/block_filter_h100_s41_ab_lazy.json). Not shipped
 _LAZY_IDS = [
     ('  int nnan = 0;', '  if (nsel > 0) {  // (with no winner',
      r"""  // Lazy keys (the bulk copy's load) are exact where every winner, and every candidate tied at the cutoff, has a
@@ -1062,9 +1065,10 @@ __device__ __forceinline__ int fselect(u32* lk, int* hist, int K, int N, const i
 ]
 
 
-# ids_l2 (session 40, untimed; with lazy_ids): thread 0 prefetches the row's ids to L2 by one bulk prefetch as the
+# ids_l2 (session 40; with lazy_ids): thread 0 prefetches the row's ids to L2 by one bulk prefetch as the
 # scores' bulk copy starts (no thread loads them), so that level 1's gather of the winners' ids, and a redo
-# with the ids, read L2, not HBM
+# with the ids, read L2, not HBM. Session 41, H100: lazy_ids+ids_l2 1.03x the shipped kernel's time at
+# 1024 x 16384 random (102.8 against 100.1 µs), 1.01-1.15x elsewhere. Not shipped
 _IDS_L2 = [
     _lit("#elif defined(__CUDA_ARCH__)  // (before sm_90 the threads load the scores too: never called)\n",
          """__device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {  // (ids_l2)

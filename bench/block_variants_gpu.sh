@@ -26,8 +26,8 @@
 #   VARIANTS="turn5 turn7" CELLS=16384x1024,16384x4096,16384x512,9000x1024 PROFILE= FUZZ=10 \
 #     bash bench/block_variants_gpu.sh   (on an H200: the turn's window, tuned on the H100)
 #   VARIANTS="lazy_ids lazy_ids+ids_l2 lazy_ids+turn4" CELLS=16384x1024,16384x4096,16384x133,9000x1024 PROFILE= \
-#     FUZZ=10 TESTS_ON=lazy_ids bash bench/block_variants_gpu.sh   (the next call, any card: session 40's lazy
-#     keys, the filter's load with no ids, untimed; on an H200 the full grid and turn5/turn7 too)
+#     FUZZ=10 TESTS_ON=lazy_ids bash bench/block_variants_gpu.sh   (session 41's call 1, H100: exact and slower,
+#     lazy_ids 1.08x, lazy_ids+ids_l2 1.03x, lazy_ids+turn4 1.06x the time at 1024 x 16384 random)
 # Before a call: every variant passes the CPU runner's tests, and nvcc compiles its CUDA side (the runner
 # compiles only the #else side of its GPU-only code; session 35's first call stopped at an NVRTC error)
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
