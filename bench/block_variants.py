@@ -886,9 +886,7 @@ def _turn(ns: int) -> list:
 # shipped kernel: exact (GPU tests, fuzz) and slower, 1.08x at 1024 x 16384 random (108.0 against 100.1 µs),
 # 1.10-1.17x on short contexts (the ids read twice), 1.03-1.10x elsewhere; its load phase only 7 % shorter
 # (bench/results/block_filter_h100_s41_ab_lazy.json). Not shipped
-_LAZY_IDS = [
-    ('  int nnan = 0;', '  if (nsel > 0) {  // (with no winner',
-     r"""  // Lazy keys (the bulk copy's load) are exact where every winner, and every candidate tied at the cutoff, has a
+_LAZY_CALL = r"""  // Lazy keys (the bulk copy's load) are exact where every winner, and every candidate tied at the cutoff, has a
   // valid id: the valid candidates' order is the same, and the invalid ones (key 0 with their ids) all come
   // after. Level 1's emit reads those ids and flags an invalid one (sm.lazy_bad); then, or where the cutoff is
   // at -inf or below, the row's keys are taken again with its ids (fids) and the selection runs once more.
@@ -906,7 +904,43 @@ _LAZY_IDS = [
     }
   }
   if (nsel > 0) {  // (with no winner, no barrier orders a thread's reading of the counts before another's zeroing)
-"""),
+"""
+
+
+def _lazy_select(text: str) -> str:
+    """lazy_ids: the filter kernel's selection, from its NaN count to its last level, moved as the module has
+    it into a function (fselect, after femit) that a lazy load's row may run twice; the kernel calls it
+    (_LAZY_CALL). fselect computes ``over`` before any pass, for the lazy shortcut: where lazy keys put the
+    cutoff at -inf or below, it returns -1 (the ids are needed before any pass)."""
+    lines, a, b = _span(text, "  int nnan = 0;", "  if (nsel > 0) {  // (with no winner", "lazy_ids")
+    sel = "".join(lines[a:b])
+    over = "  const int over = nvalid - ninf - nnan;  // above -inf\n"
+    nsel = "  const int nsel = min(K, nvalid);\n"
+    if sel.count("  " + over) != 1 or sel.count(nsel) != 1:
+        raise ValueError("variant lazy_ids: the filter kernel's selection has changed; rebuild fselect")
+    sel = sel.replace("  " + over, "").replace(nsel, over + nsel + (
+        "  if (lazy && nsel > over) return -1;  // (a shortcut: level 1's emit would flag the pads, tied at -inf)\n"))
+    fselect = _FSELECT_HEAD + sel + "  return nsel;\n}\n"
+    text = "".join(lines[:a]) + _LAZY_CALL + "".join(lines[b + 1:])
+    end = "  return wn + total;\n}\n"  # (femit's end: fselect after it)
+    if text.count(end) != 1:
+        raise ValueError(f"variant lazy_ids: {text.count(end)} lines end femit, not one")
+    return text.replace(end, end + fselect)
+
+
+_FSELECT_HEAD = r"""
+// The row's winners from its level keys in lk (the first digit counted in hist) to sm.wkey / sm.wpos; returns
+// their number (nsel), or -1 where lazy keys (every candidate taken as valid) put the cutoff at -inf or below (a
+// short context's pads: id -1, score -inf), so that the ids are needed before any pass.
+__device__ __forceinline__ int fselect(u32* lk, int* hist, int K, int N, const int* irow, bool vec, bool lazy,
+                                       Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const uint4* lk4 = reinterpret_cast<const uint4*>(lk);
+"""
+
+
+_LAZY_IDS = [
+    _lazy_select,
     _lit('nnan, wcount;\n',
          'nnan, wcount, lazy_bad;\n'),
     _lit('  sm.wcount = 0;\n',
@@ -966,60 +1000,6 @@ __device__ __noinline__ void fids(uint4* lk4, int* hist, const int* srow, const 
 """,
          r"""  if (bad) sm.lazy_bad = 1;  // (read only after a lazy load's selection)
   return wn + total;
-}
-
-// The row's winners from its level keys in lk (the first digit counted in hist) to sm.wkey / sm.wpos; returns
-// their number (nsel), or -1 where lazy keys (every candidate taken as valid) put the cutoff at -inf or below (a
-// short context's pads: id -1, score -inf), so that the ids are needed before any pass.
-__device__ __forceinline__ int fselect(u32* lk, int* hist, int K, int N, const int* irow, bool vec, bool lazy,
-                                       Smem& sm) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  const uint4* lk4 = reinterpret_cast<const uint4*>(lk);
-  int nnan = 0;
-  if (hist[2047] > FI * THREADS - N) {  // invalid ids or NaN in the row (the same for every thread): NaN counted
-#pragma unroll
-    for (int c = 0; c < FV; ++c) {
-      const uint4 v = lk4[c * THREADS + tid];
-      nnan += (v.x == KEY_NAN) + (v.y == KEY_NAN) + (v.z == KEY_NAN) + (v.w == KEY_NAN);
-    }
-    nnan = __reduce_add_sync(FULL, nnan);
-    if (lane == 0 && nnan) atomicAdd(&sm.nnan, nnan);
-    __syncthreads();
-  }
-  // the first digit's bins (hist[2047 - digit]): digit 0 holds the invalid keys (0) and NaN's (1), digit 3
-  // only -inf's (0x007fffff), digits 1-2 none (order_key)
-  nnan = sm.nnan;
-  const int ninf = hist[2047 - 3];
-  const int nvalid = FI * THREADS - hist[2047] + nnan;
-  const int over = nvalid - ninf - nnan;  // above -inf
-  const int nsel = min(K, nvalid);
-  if (lazy && nsel > over) return -1;  // (a shortcut: level 1's emit would flag the pads, tied at -inf)
-  if (nsel > 0 && nsel == nvalid) {  // every valid candidate wins
-    femit(lk, 1, 0u, 0, true, 0u, 0u, 0, irow, N, vec, sm);
-  } else if (nsel > 0) {
-    u32 T1, T2, T3;
-    int sh, ab, eq;
-    if (over < nsel && nsel <= over + ninf) {  // the cutoff at -inf (a short context's pads): no passes
-      T1 = KEY_NEGINF;
-      sh = 0;
-      ab = over;
-      eq = ninf;
-    } else {
-      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);
-    }
-    int rem = nsel - ab;
-    int wn = femit(lk, 1, T1, sh, eq == rem, 0u, 0u, 0, irow, N, vec, sm);
-    if (eq > rem) {  // a tie at the exact score key T1: by inverted id among the tied
-      lselect(lk, hist, rem, false, sm, T2, sh, ab, eq);
-      rem -= ab;
-      wn = femit(lk, 2, T2, sh, eq == rem, T1, 0u, wn, irow, N, vec, sm);
-      if (eq > rem) {  // duplicate ids too: by inverted position (distinct)
-        lselect(lk, hist, rem, false, sm, T3, sh, ab, eq);
-        femit(lk, 3, T3, sh, true, T1, T2 & 0x7FFFFFFFu, wn, irow, N, vec, sm);
-      }
-    }
-  }
-  return nsel;
 }
 """),
     _lit(r"""  const int tid = threadIdx.x;
@@ -1174,13 +1154,8 @@ VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": 
             "hist4": _HIST4, "rank_ilp": _RANK_ILP}
 
 
-def _edit(text: str, edit, what: str) -> str:
-    if isinstance(edit, Sub):
-        text, n = re.subn(edit.pattern, edit.repl, text)
-        if n < edit.count:
-            raise ValueError(f"variant {what}: {edit.pattern!r} matched {n} times, fewer than {edit.count}")
-        return text
-    first, last, new = edit
+def _span(text: str, first: str, last: str, what: str) -> tuple[list[str], int, int]:
+    """The module's lines, the one line that holds ``first``, and the first line from it on that holds ``last``."""
     lines = text.splitlines(keepends=True)
     at = [i for i, line in enumerate(lines) if first in line]
     if len(at) != 1:
@@ -1188,7 +1163,20 @@ def _edit(text: str, edit, what: str) -> str:
     end = next((j for j in range(at[0], len(lines)) if last in lines[j]), None)
     if end is None:
         raise ValueError(f"variant {what}: no line holds {last!r} after {first!r}")
-    return "".join(lines[:at[0]]) + new + "".join(lines[end + 1:])
+    return lines, at[0], end
+
+
+def _edit(text: str, edit, what: str) -> str:
+    if isinstance(edit, Sub):
+        text, n = re.subn(edit.pattern, edit.repl, text)
+        if n < edit.count:
+            raise ValueError(f"variant {what}: {edit.pattern!r} matched {n} times, fewer than {edit.count}")
+        return text
+    if callable(edit):  # (an edit built from the module's own text)
+        return edit(text)
+    first, last, new = edit
+    lines, a, b = _span(text, first, last, what)
+    return "".join(lines[:a]) + new + "".join(lines[b + 1:])
 
 
 def module_text(name: str, shipped: str | None = None) -> str:
