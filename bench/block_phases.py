@@ -55,7 +55,8 @@ STAMPS = [
 ]
 # the filter kind's (--kind filter: select_block.FILTER_KERNEL; session 34), the ordering's as the row kind's
 FILTER_STAMPS = [
-    ("load+count", "  const int nsel = min(K, nvalid);\n", "after"),
+    ("load", "  int nnan = 0;\n", "before"),  # (session 42: the load and its counts, before the NaN count)
+    ("count", "  const int nsel = min(K, nvalid);\n", "after"),  # (the NaN count; count_after's first digit)
     ("level1", "    int rem = nsel - ab;\n", "before"),
     ("winners1", "    if (eq > rem) {  // a tie at the exact score key T1", "before"),
     ("levels2-3", "  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;  // (the ordering", "before"),

@@ -1145,13 +1145,32 @@ _RANK_ILP = [
   __syncthreads();  // (the member list's space takes the output order)
 """),
 ]
+# count_after (session 42, a probe): the load's first digit counted after the load, in a pass over the keys in
+# shared memory, not as each group of four is keyed. With bench/block_phases.py's "load" stamp (before the NaN
+# count) it splits the load's time into the load itself and its atomics: what a load with few atomics (a
+# sampled window of the first digit) could save at most
+_COUNT_AFTER = [
+    _lit("    atomicAdd(&hist[2047 - (int)(kk[j] >> 21)], 1);  // (a pad: bin 2047, digit 0)\n", ""),
+    _lit("  __syncthreads();\n  int nnan = 0;\n", """  __syncthreads();
+  int nnan = 0;
+#pragma unroll 4
+  for (int c = 0; c < FV; ++c) {  // (count_after: the first digit, from the keys in shared memory)
+    const uint4 v = lk4[c * THREADS + tid];
+    atomicAdd(&hist[2047 - (int)(v.x >> 21)], 1);
+    atomicAdd(&hist[2047 - (int)(v.y >> 21)], 1);
+    atomicAdd(&hist[2047 - (int)(v.z >> 21)], 1);
+    atomicAdd(&hist[2047 - (int)(v.w >> 21)], 1);
+  }
+  __syncthreads();
+"""),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
             "tma_split": _TMA_SPLIT, "turn3": _turn(3000), "turn4": _turn(4000), "turn5": _turn(5000),
             "turn7": _turn(7000), "turn8": _turn(8000), "lazy_ids": _LAZY_IDS, "ids_l2": _IDS_L2,
-            "hist4": _HIST4, "rank_ilp": _RANK_ILP}
+            "hist4": _HIST4, "rank_ilp": _RANK_ILP, "count_after": _COUNT_AFTER}
 
 
 def _span(text: str, first: str, last: str, what: str) -> tuple[list[str], int, int]:
