@@ -1164,13 +1164,122 @@ _COUNT_AFTER = [
   __syncthreads();
 """),
 ]
+# window (session 42): the load counts the first digit only in a window of it, found from a sample of the row. After
+# the scores' bulk copy lands, each thread keys one score (512 spread over the row) into a sample histogram (sm.mem,
+# free until the ordering); the window: the digits of the sample's (K / N)-quantile give or take three standard
+# deviations of its rank (fwindow), and one more digit either side.
+# A candidate's digit in the window: one shared atomic as before; above it: a register count (sm.nvalid); the
+# invalid, NaN and -inf counts by register too (sm.wcount: keys 0 and 1; sm.ninf: digits 0-3). Level 1's first
+# pass takes the window's counts where the cutoff falls in it (the keys above it added to its "above"), else
+# counts the whole digit again (lselect unprimed). Exact either way: a digit inside the window is counted whole.
+# Random normal scores: about 3,000 of a row's 16,384 atomics at the load (the rest: compares)
+_WINDOW = [
+    ("__device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist) {",
+     "  return make_uint4(kk[0], kk[1], kk[2], kk[3]);", """\
+// (window) the sample's digits (h: counts of 512 keys over 2048 bins, reversed) at ranks r - m and r + m, m three
+// standard deviations of the rank of the r-th largest in a sample of 512 and two more: sm.above the first's digit,
+// sm.eq the second's
+__device__ __forceinline__ void fwindow(const int* h, int r, Smem& sm) {
+  const int tid = threadIdx.x;
+  const int m = 2 + (int)(3.0f * sqrtf((float)r * (float)(512 - r) / 512.0f));
+  const int ra = max(1, r - m), rb = min(512, r + m);
+  int c[4];
+  int tsum = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    c[e] = h[4 * tid + e];
+    tsum += c[e];
+  }
+  int total;
+  int acc = block_scan<THREADS>(tsum, sm.wtot, total);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (acc < ra && ra <= acc + c[e]) sm.above = 2047 - (4 * tid + e);
+    if (acc < rb && rb <= acc + c[e]) sm.eq = 2047 - (4 * tid + e);
+    acc += c[e];
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist, int dlo, int dhi1,
+                                          int& na, int& nl, int& n01) {
+  u32 kk[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    kk[j] = order_key(b[j], d[j]);
+    const int top = (int)(kk[j] >> 21);
+    if ((u32)(top - dlo) < (u32)(dhi1 - dlo)) atomicAdd(&hist[2047 - top], 1);  // (a pad: digit 0)
+    na += top >= dhi1;
+    nl += top < 4;
+    n01 += kk[j] <= 1u;
+  }
+  return make_uint4(kk[0], kk[1], kk[2], kk[3]);
+"""),
+    _lit("__device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,\n"
+         "                        int& eq) {",
+         "__device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,\n"
+         "                        int& eq, int above0 = 0) {"),
+    _lit("  above = 0;\n  eq = 0;\n  sh = 0;\n  for (int pass = 0; pass < 3; ++pass) {", """\
+  above = 0;
+  eq = 0;
+  sh = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass == 0 && primed) {  // (window: hist holds the first digit's counts in the window; above0 keys above it)
+      const int r = need - above0;
+      if (tid == 0) sm.bin = -1;
+      if (r >= 1) fbin(hist, 2048, r, sm); else __syncthreads();
+      if (sm.bin >= 0) {
+        above = above0;
+      } else {  // (the cutoff outside the window: the whole digit counted again)
+        primed = false;
+        __syncthreads();
+      }
+    }"""),
+    _lit("    fbin(hist, nb, need - above, sm);\n    prefix |=",
+         "    if (pass > 0 || !primed) fbin(hist, nb, need - above, sm);\n    prefix |="),
+    _lit("  for (int i = tid; i < NB; i += THREADS) hist[i] = 0;\n  __syncthreads();\n  if (tma) {\n", """\
+  for (int i = tid; i < NB; i += THREADS) {
+    hist[i] = 0;
+    sm.mem[i] = 0;  // (window: the sample's counts)
+  }
+  __syncthreads();
+  int dlo = 0, dhi1 = 2048, na = 0, nl = 0, n01 = 0;  // (window: all of the digit unless sampled)
+  if (tma) {
+"""),
+    _lit("      if (cb == 0) bar_wait(&fbar, 0);\n", """\
+      if (cb == 0) {
+        bar_wait(&fbar, 0);
+        const u32 skey = order_key((int)lk[(int)(((i64)tid * N) >> 9)], 0);  // (window: the sample)
+        atomicAdd(&sm.mem[2047 - (int)(skey >> 21)], 1);
+        __syncthreads();
+        fwindow(sm.mem, (int)max((i64)1, min((i64)512, ((i64)K * 512 + N - 1) / N)), sm);
+        dlo = max(0, sm.eq - 1);
+        dhi1 = min(2048, sm.above + 2);
+      }
+"""),
+    _lit("put_keys(b, d, hist)", "put_keys(b, d, hist, dlo, dhi1, na, nl, n01)", 2),
+    _lit("  __syncthreads();\n  int nnan = 0;\n  if (hist[2047] > FI * THREADS - N) {", """\
+  na = __reduce_add_sync(FULL, na);  // (window: the counts by register, summed)
+  nl = __reduce_add_sync(FULL, nl);
+  n01 = __reduce_add_sync(FULL, n01);
+  if (lane == 0) {
+    if (na) atomicAdd(&sm.nvalid, na);
+    if (nl) atomicAdd(&sm.ninf, nl);
+    if (n01) atomicAdd(&sm.wcount, n01);
+  }
+  __syncthreads();
+  int nnan = 0;
+  if (sm.wcount > FI * THREADS - N) {"""),
+    _lit("  const int ninf = hist[2047 - 3];\n  const int nvalid = FI * THREADS - hist[2047] + nnan;\n",
+         "  const int ninf = sm.ninf - sm.wcount;\n  const int nvalid = FI * THREADS - sm.wcount + nnan;\n"),
+    _lit("      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);", "      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq, sm.nvalid);"),
+]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
             "parts_warp": _PARTS_WARP, "tma_ids": _TMA_IDS,
             "emit_u32": _EMIT_U32, "cut_list": _CUT_LIST,
             "tma_split": _TMA_SPLIT, "turn3": _turn(3000), "turn4": _turn(4000), "turn5": _turn(5000),
             "turn7": _turn(7000), "turn8": _turn(8000), "lazy_ids": _LAZY_IDS, "ids_l2": _IDS_L2,
-            "hist4": _HIST4, "rank_ilp": _RANK_ILP, "count_after": _COUNT_AFTER}
+            "hist4": _HIST4, "rank_ilp": _RANK_ILP, "count_after": _COUNT_AFTER, "window": _WINDOW}
 
 
 def _span(text: str, first: str, last: str, what: str) -> tuple[list[str], int, int]:
