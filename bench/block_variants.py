@@ -1248,7 +1248,8 @@ __device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], 
     _lit("      if (cb == 0) bar_wait(&fbar, 0);\n", """\
       if (cb == 0) {
         bar_wait(&fbar, 0);
-        const u32 skey = order_key((int)lk[(int)(((i64)tid * N) >> 9)], 0);  // (window: the sample)
+        // (window: the sample, one score a thread, offset by the lane so that a warp's reads take 32 banks)
+        const u32 skey = order_key((int)lk[min(N - 1, (int)(((i64)tid * N) >> 9) + (tid & 31))], 0);
         atomicAdd(&sm.mem[2047 - (int)(skey >> 21)], 1);
         __syncthreads();
         fwindow(sm.mem, (int)max((i64)1, min((i64)512, ((i64)K * 512 + N - 1) / N)), sm);
