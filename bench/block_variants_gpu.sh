@@ -28,6 +28,10 @@
 #   VARIANTS="lazy_ids lazy_ids+ids_l2 lazy_ids+turn4" CELLS=16384x1024,16384x4096,16384x133,9000x1024 PROFILE= \
 #     FUZZ=10 TESTS_ON=lazy_ids bash bench/block_variants_gpu.sh   (session 41's call 1, H100: exact and slower,
 #     lazy_ids 1.08x, lazy_ids+ids_l2 1.03x, lazy_ids+turn4 1.06x the time at 1024 x 16384 random)
+#   VARIANTS="window" CELLS=16384x1024,16384x4096,16384x133,9000x1024 PROFILE= FUZZ=15 TESTS_ON=window \
+#     bash bench/block_variants_gpu.sh   (session 42's variant, untimed: the load's first digit counted only in a
+#     window found from a sample of the row; its phases: python3 bench/block_phases.py --kind filter --module
+#     $V/window.py; count_after's phases split the load from its atomics: --module $V/count_after.py)
 # Before a call: every variant passes the CPU runner's tests, and nvcc compiles its CUDA side (the runner
 # compiles only the #else side of its GPU-only code; session 35's first call stopped at an NVRTC error)
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
