@@ -340,17 +340,55 @@ def test_lazy_ids_is_exact_on_the_cpu(tmp_path):
     """Variant ``lazy_ids`` (session 40, untimed): the filter's bulk-copy load takes score keys only and reads
     the ids where level 1 needs them; a row with an invalid winner or tie, or a cutoff at -inf, runs again
     with its ids. Against the packed-key reference, two schedules; its slips fail."""
-    cases = [((scores, ids), k, ref_packed(scores, ids, k)) for (scores, ids), k in _lazy_cases()]
-    run = BlockOnCpu(_variant_module(tmp_path, "lazy_ids"))
+    _filter_variant_exact(tmp_path, "lazy_ids", _lazy_cases(), LAZY_SLIPS)
+
+
+def _filter_variant_exact(tmp_path, name: str, inputs, slips: dict) -> None:
+    """Variant ``name`` on the filter kind: each case ((scores, ids), k) against the packed-key reference under
+    two schedules; each slip (good text, the slip's) fails on one of them."""
+    cases = [((scores, ids), k, ref_packed(scores, ids, k)) for (scores, ids), k in inputs]
+    run = BlockOnCpu(_variant_module(tmp_path, name))
     for (scores, ids), k, ref in cases:
         for seed in (0, 3):
-            check_equal(run(scores, ids, k, seed=seed, n_sm=0), ref, f"lazy_ids k={k}")
+            check_equal(run(scores, ids, k, seed=seed, n_sm=0), ref, f"{name} k={k}")
     assert {kind for _, kind in run.launched} == {"filter"}
-    for slip, (good, bad) in LAZY_SLIPS.items():
-        run = BlockOnCpu(_variant_module(tmp_path, "lazy_ids", (good, bad)))
+    for slip, (good, bad) in slips.items():
+        run = BlockOnCpu(_variant_module(tmp_path, name, (good, bad)))
         with pytest.raises((AssertionError, RuntimeError)):
             for (scores, ids), k, ref in cases:
-                check_equal(run(scores, ids, k, seed=1, n_sm=0), ref, f"lazy_ids slip {slip}")
+                check_equal(run(scores, ids, k, seed=1, n_sm=0), ref, f"{name} slip {slip}")
+
+
+def _window_cases():
+    """Rows of the filter's bulk-copy load whose cutoff falls in the sampled window (random, ties at the cutoff,
+    a short context), above it (the sampled scores high, the rest low) and below it (the sampled scores low): the
+    sample reads position tid * N / 512 plus the lane."""
+    n, pos = 16384, torch.tensor([t * 32 + (t & 31) for t in range(512)])
+    g = torch.Generator().manual_seed(42)
+    high = torch.randn(2, n, generator=g) - 10
+    high[:, pos] = torch.randn(2, 512, generator=g) + 10
+    low = torch.randn(2, n, generator=g) + 10
+    low[:, pos] = torch.randn(2, 512, generator=g) - 10
+    ids = torch.randperm(4 * n, generator=g)[:2 * n].view(2, n).to(torch.int32)
+    return [((high, ids), 2048), ((low, ids), 2048), ((low, ids), 1), (make_case("random", 2, n, 2048, seed=5), 2048),
+            (make_case("ties", 2, n, 1000, seed=6), 1000), (make_case("padding", 2, n, 2048, seed=7), 2048)]
+
+
+# a slip in window: (the good text, the slip's)
+WINDOW_SLIPS = {
+    # the keys above the window not added to level 1's count: the cutoff lands too high
+    "above dropped": ("        above = above0;\n", "        above = 0;\n"),
+    # a cutoff outside the window taken from the window's counts: no full count
+    "no fallback": ("        primed = false;\n", ""),
+}
+
+
+@pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
+def test_window_is_exact_on_the_cpu(tmp_path):
+    """Variant ``window`` (session 42, untimed): the filter's load counts the first digit only in a window found
+    from a sample of the row, and level 1 counts the whole digit again where the cutoff falls outside it. Against
+    the packed-key reference, two schedules; its slips fail."""
+    _filter_variant_exact(tmp_path, "window", _window_cases(), WINDOW_SLIPS)
 
 
 def _split_string_literals(src: str) -> list[str]:
