@@ -1167,39 +1167,15 @@ _COUNT_AFTER = [
 # window (session 42): the load counts the first digit only in a window of it, found from a sample of the row. After
 # the scores' bulk copy lands, each thread keys one score (512 spread over the row) into a sample histogram (sm.mem,
 # free until the ordering); the window: the digits of the sample's (K / N)-quantile give or take three standard
-# deviations of its rank (fwindow), and one more digit either side.
-# A candidate's digit in the window: one shared atomic as before; above it: a register count (sm.nvalid); the
-# invalid, NaN and -inf counts by register too (sm.wcount: keys 0 and 1; sm.ninf: digits 0-3). Level 1's first
+# deviations of its rank, and one more digit either side.
+# A candidate's digit in the window: one shared atomic as before; above it: a register count (sm.wabove); the
+# invalid, NaN and -inf counts by register too (sm.w01: keys 0 and 1; sm.wlow: digits 0-3). Level 1's first
 # pass takes the window's counts where the cutoff falls in it (the keys above it added to its "above"), else
 # counts the whole digit again (lselect unprimed). Exact either way: a digit inside the window is counted whole.
 # Random normal scores: about 3,000 of a row's 16,384 atomics at the load (the rest: compares)
 _WINDOW = [
     ("__device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist) {",
      "  return make_uint4(kk[0], kk[1], kk[2], kk[3]);", """\
-// (window) the sample's digits (h: counts of 512 keys over 2048 bins, reversed) at ranks r - m and r + m, m three
-// standard deviations of the rank of the r-th largest in a sample of 512 and two more: sm.above the first's digit,
-// sm.eq the second's
-__device__ __forceinline__ void fwindow(const int* h, int r, Smem& sm) {
-  const int tid = threadIdx.x;
-  const int m = 2 + (int)(3.0f * sqrtf((float)r * (float)(512 - r) / 512.0f));
-  const int ra = max(1, r - m), rb = min(512, r + m);
-  int c[4];
-  int tsum = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    c[e] = h[4 * tid + e];
-    tsum += c[e];
-  }
-  int total;
-  int acc = block_scan<THREADS>(tsum, sm.wtot, total);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    if (acc < ra && ra <= acc + c[e]) sm.above = 2047 - (4 * tid + e);
-    if (acc < rb && rb <= acc + c[e]) sm.eq = 2047 - (4 * tid + e);
-    acc += c[e];
-  }
-  __syncthreads();
-}
 __device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], int* hist, int dlo, int dhi1,
                                           int& na, int& nl, int& n01) {
   u32 kk[4];
@@ -1214,6 +1190,9 @@ __device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], 
   }
   return make_uint4(kk[0], kk[1], kk[2], kk[3]);
 """),
+    _lit("  u32 pmin, pmax, ulo;", "  int wabove, wlow, w01;  // (window: keys above it; keys 0, 1 and -inf; keys 0 and 1)\n"
+         "  u32 pmin, pmax, ulo;"),
+    _lit("  sm.wcount = 0;\n", "  sm.wcount = 0;\n  sm.wabove = 0;\n  sm.wlow = 0;\n  sm.w01 = 0;\n"),
     _lit("__device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,\n"
          "                        int& eq) {",
          "__device__ void lselect(const u32* lk, int* hist, int need, bool primed, Smem& sm, u32& T, int& sh, int& above,\n"
@@ -1252,9 +1231,14 @@ __device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], 
         const u32 skey = order_key((int)lk[min(N - 1, (int)(((i64)tid * N) >> 9) + (tid & 31))], 0);
         atomicAdd(&sm.mem[2047 - (int)(skey >> 21)], 1);
         __syncthreads();
-        fwindow(sm.mem, (int)max((i64)1, min((i64)512, ((i64)K * 512 + N - 1) / N)), sm);
-        dlo = max(0, sm.eq - 1);
-        dhi1 = min(2048, sm.above + 2);
+        // the window: the sample's digits at ranks r - m and r + m (r: its (K / N)-quantile's rank; m: three
+        // standard deviations of that rank in a sample of 512, and two more), and one more digit either side
+        const int r = (int)max((i64)1, min((i64)512, ((i64)K * 512 + N - 1) / N));
+        const int m = 2 + (int)(3.0f * sqrtf((float)r * (float)(512 - r) / 512.0f));
+        fbin(sm.mem, 2048, max(1, r - m), sm);
+        dhi1 = min(2048, sm.bin + 2);
+        fbin(sm.mem, 2048, min(512, r + m), sm);
+        dlo = max(0, sm.bin - 1);
       }
 """),
     _lit("put_keys(b, d, hist)", "put_keys(b, d, hist, dlo, dhi1, na, nl, n01)", 2),
@@ -1263,16 +1247,16 @@ __device__ __forceinline__ uint4 put_keys(const int (&b)[4], const int (&d)[4], 
   nl = __reduce_add_sync(FULL, nl);
   n01 = __reduce_add_sync(FULL, n01);
   if (lane == 0) {
-    if (na) atomicAdd(&sm.nvalid, na);
-    if (nl) atomicAdd(&sm.ninf, nl);
-    if (n01) atomicAdd(&sm.wcount, n01);
+    if (na) atomicAdd(&sm.wabove, na);
+    if (nl) atomicAdd(&sm.wlow, nl);
+    if (n01) atomicAdd(&sm.w01, n01);
   }
   __syncthreads();
   int nnan = 0;
-  if (sm.wcount > FI * THREADS - N) {"""),
+  if (sm.w01 > FI * THREADS - N) {"""),
     _lit("  const int ninf = hist[2047 - 3];\n  const int nvalid = FI * THREADS - hist[2047] + nnan;\n",
-         "  const int ninf = sm.ninf - sm.wcount;\n  const int nvalid = FI * THREADS - sm.wcount + nnan;\n"),
-    _lit("      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);", "      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq, sm.nvalid);"),
+         "  const int ninf = sm.wlow - sm.w01;\n  const int nvalid = FI * THREADS - sm.w01 + nnan;\n"),
+    _lit("      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq);", "      lselect(lk, hist, nsel, true, sm, T1, sh, ab, eq, sm.wabove);"),
 ]
 VARIANTS = {"match": _MATCH, "peel": _PEEL, "digits11": _DIGITS11, "rank_keys": _RANK_KEYS,
             "spread": _SPREAD, "prefetch": _PREFETCH, "prefetch512": _PREFETCH + _PREFETCH_512,
