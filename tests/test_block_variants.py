@@ -361,7 +361,7 @@ def _filter_variant_exact(tmp_path, name: str, inputs, slips: dict) -> None:
 
 def _window_cases():
     """Rows of the filter's bulk-copy load whose cutoff falls in the sampled window (random, ties at the cutoff,
-    a short context), above it (the sampled scores high, the rest low) and below it (the sampled scores low): the
+    ragged valid counts with rows below k), above it (the sampled scores high, the rest low) and below it (the sampled scores low): the
     sample reads position tid * N / 512 plus the lane."""
     n, pos = 16384, torch.tensor([t * 32 + (t & 31) for t in range(512)])
     g = torch.Generator().manual_seed(42)
