@@ -29,9 +29,11 @@
 #     FUZZ=10 TESTS_ON=lazy_ids bash bench/block_variants_gpu.sh   (session 41's call 1, H100: exact and slower,
 #     lazy_ids 1.08x, lazy_ids+ids_l2 1.03x, lazy_ids+turn4 1.06x the time at 1024 x 16384 random)
 #   VARIANTS="window" CELLS=16384x1024,16384x4096,16384x133,9000x1024 PROFILE= FUZZ=15 TESTS_ON=window \
-#     bash bench/block_variants_gpu.sh   (session 42's variant, untimed: the load's first digit counted only in a
-#     window found from a sample of the row; its phases: python3 bench/block_phases.py --kind filter --module
-#     $V/window.py; count_after's phases split the load from its atomics: --module $V/count_after.py)
+#     bash bench/block_variants_gpu.sh   (session 42's variant: the load's first digit counted only in a window
+#     found from a sample of the row; its phases: python3 bench/block_phases.py --kind filter --module
+#     $V/window.py; count_after's phases split the load from its atomics: --module $V/count_after.py. Session
+#     43's call ran block_ab.py directly, on an H200: window exact and 1.14-1.32x the time, 117.3 against 94.5
+#     at 1024 x 16384 random; count_after's load 1,168 cycles shorter and its count 2,060 longer)
 # Before a call: every variant passes the CPU runner's tests, and nvcc compiles its CUDA side (the runner
 # compiles only the #else side of its GPU-only code; session 35's first call stopped at an NVRTC error)
 #   python3 -m pytest -q tests/test_select_block_cpu.py --block-module /tmp/v/NAME.py
