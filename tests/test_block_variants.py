@@ -337,9 +337,9 @@ LAZY_SLIPS = {
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_lazy_ids_is_exact_on_the_cpu(tmp_path):
-    """Variant ``lazy_ids`` (session 40, untimed): the filter's bulk-copy load takes score keys only and reads
-    the ids where level 1 needs them; a row with an invalid winner or tie, or a cutoff at -inf, runs again
-    with its ids. Against the packed-key reference, two schedules; its slips fail."""
+    """Variant ``lazy_ids`` (session 40; timed in session 41, exact and slower): the filter's bulk-copy load
+    takes score keys only and reads the ids where level 1 needs them; a row with an invalid winner or tie, or a
+    cutoff at -inf, runs again with its ids. Against the packed-key reference, two schedules; its slips fail."""
     _filter_variant_exact(tmp_path, "lazy_ids", _lazy_cases(), LAZY_SLIPS)
 
 
@@ -385,9 +385,9 @@ WINDOW_SLIPS = {
 
 @pytest.mark.skipif(cuda_on_cpu.compiler() is None, reason="no C++ compiler for the CPU runner")
 def test_window_is_exact_on_the_cpu(tmp_path):
-    """Variant ``window`` (session 42, untimed): the filter's load counts the first digit only in a window found
-    from a sample of the row, and level 1 counts the whole digit again where the cutoff falls outside it. Against
-    the packed-key reference, two schedules; its slips fail."""
+    """Variant ``window`` (session 42; timed in session 43, exact and slower): the filter's load counts the first
+    digit only in a window found from a sample of the row, and level 1 counts the whole digit again where the
+    cutoff falls outside it. Against the packed-key reference, two schedules; its slips fail."""
     _filter_variant_exact(tmp_path, "window", _window_cases(), WINDOW_SLIPS)
 
 
